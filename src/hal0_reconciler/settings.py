@@ -1,0 +1,206 @@
+"""Frozen settings: defaults that match a real hal0 install, a TOML file, command-line overrides.
+
+Field names equal the TOML keys. ``load()`` is this module's only I/O. Every host path is a
+setting, so tests run against temp dirs. An unknown key is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+from hal0_reconciler.errors import SettingsError
+
+_T = TypeVar("_T")
+
+HAL0_VULKAN_VALIDATED_IMAGES = ("ghcr.io/hal0ai/hal0-combined:0822",)
+
+
+class RestartFallback(enum.StrEnum):
+    """What to do with an active slot whose label changed when hal0's API cannot restart it."""
+
+    STOP = "stop"
+    NONE = "none"
+
+
+class LogFormat(enum.StrEnum):
+    AUTO = "auto"  # journal under systemd (JOURNAL_STREAM), console on a terminal, else json
+    CONSOLE = "console"
+    JSON = "json"
+    JOURNAL = "journal"
+
+
+def hal0_root() -> Path:
+    """``$HAL0_HOME`` when set and not blank (every hal0 root moves under it), else ``/``."""
+    home = os.environ.get("HAL0_HOME", "")
+    return Path(home) if home.strip() else Path("/")
+
+
+def default_config_path() -> Path:
+    return hal0_root() / "etc/hal0/reconciler.toml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AiterTree:
+    """One aiter install and the environments that boot from it."""
+
+    package_dir: Path  # the installed `aiter/` package folder; its `configs/` holds the tables
+    jit_dir: Path | None = None  # None: aiter's own rule ($AITER_JIT_DIR, <pkg>/jit, ~/.aiter/jit)
+    target: str = "auto"  # "auto" (KFD topology, GPU_ARCHS / CU_NUM) or "gfx942:304"
+    base_env: dict[str, str] = field(default_factory=dict)
+    slot_envs: bool = True  # also check every slot whose [server].env sets AITER_* variables
+
+
+@dataclass(frozen=True, kw_only=True)
+class AiterSettings:
+    trees: tuple[AiterTree, ...] = ()
+    heal_shape_keyed: bool = False  # a shape-keyed miss is a silent slow fallback: warn only
+    keep_quarantines: int = 3
+    routing_file: Path | None = None  # operator override of the shipped routing data
+    kfd_topology_dir: Path = Path("/sys/class/kfd/kfd/topology/nodes")
+    settle_window: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything the reconciler reads from its configuration. Immutable once loaded."""
+
+    # hal0 paths
+    slots_dir: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/slots")
+    lock_file: Path | None = None  # None: hal0's sibling lock file `<slots_dir>.lock`
+    lock_timeout: float = 10.0
+    profiles_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/profiles.toml")
+    vulkan_validated_images: tuple[str, ...] = HAL0_VULKAN_VALIDATED_IMAGES
+    # host facts
+    service_user: str = "hal0"  # a user name, or numeric "uid[:gid[:g1,g2...]]"
+    kfd_path: Path = Path("/dev/kfd")
+    dri_dir: Path = Path("/dev/dri")
+    amdgpu_module_dir: Path = Path("/sys/module/amdgpu")
+    probe_timeout: float = 5.0
+    # the reconciler's own folders
+    state_dir: Path = Path("/var/lib/hal0-reconciler")
+    runtime_dir: Path = Path("/run/hal0-reconciler")
+    # the daemon loop
+    resync_interval: float = 300.0
+    settle_window: float = 0.2
+    settle_cap: float = 2.0
+    demote_grace: float = 60.0
+    fight_limit: int = 3
+    fight_window: float = 600.0
+    watch_dev: bool = True
+    # restarting what changed
+    api_url: str = "http://127.0.0.1:8080"
+    api_env_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/api.env")
+    api_timeout: float = 3.0
+    restart_fallback: RestartFallback = RestartFallback.STOP
+    restart_min_interval: float = 60.0
+    systemctl: str = "systemctl"
+    # reporting
+    metrics_textfile: Path | None = None
+    log_format: LogFormat = LogFormat.AUTO
+    log_level: str = "info"
+    # aiter registry self-heal
+    aiter: AiterSettings = field(default_factory=AiterSettings)
+
+    @property
+    def effective_lock_file(self) -> Path:
+        return self.lock_file if self.lock_file is not None else Path(f"{self.slots_dir}.lock")
+
+
+def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read settings from ``path`` (default: /etc/hal0/reconciler.toml when it exists).
+
+    ``overrides`` (from the command line) win over the file; keys are field names.
+    An explicitly given ``path`` must exist. Raises SettingsError naming the bad key.
+    """
+    raw: dict[str, Any] = {}
+    if path is None:
+        candidate = default_config_path()
+        if candidate.is_file():
+            raw = _read_toml(candidate)
+    else:
+        raw = _read_toml(path)
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return _build(Settings, raw, where="")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: settings file not found") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+
+
+def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise SettingsError(f"unknown setting {where + key!r}")
+        kwargs[key] = _coerce(hints[key], value, name=f"{where}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, *, name: str) -> Any:
+    origin = get_origin(hint)
+    args = get_args(hint)
+    if origin is not None and type(None) in args:  # X | None
+        if value is None or value == "":
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, name=name)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise SettingsError(f"setting {name!r} must be a table")
+        return _build(hint, value, where=f"{name}.")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise SettingsError(f"setting {name!r} must be a list")
+        return tuple(_coerce(args[0], v, name=f"{name}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise SettingsError(f"setting {name!r} must be a table of strings")
+        return dict(value)
+    try:
+        if hint is Path:
+            return Path(_expect(value, str, name))
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return hint(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if hint is int:
+            return int(_expect(value, int, name))
+        if hint is bool:
+            return _expect(value, bool, name)
+        if hint is str:
+            return _expect(value, str, name)
+    except (TypeError, ValueError) as exc:
+        detail = f": {exc}" if str(exc) else ""
+        raise SettingsError(f"setting {name!r} has a bad value {value!r}{detail}") from None
+    raise SettingsError(f"setting {name!r}: unsupported type {hint!r}")  # pragma: no cover
+
+
+def _expect(value: Any, kind: type, name: str) -> Any:
+    if isinstance(value, str) and kind is not str:
+        # command-line overrides arrive as text
+        if kind is bool and value.lower() in {"true", "false"}:
+            return value.lower() == "true"
+        if kind is int:
+            return int(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"expected {kind.__name__}")
+    return value
