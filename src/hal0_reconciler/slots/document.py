@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hal0_reconciler.model import DeviceSource
+from hal0_reconciler import errors, model
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class SlotDoc:
     id: str | None
     type: str | None
     device: str  # the effective device label (device, else mapped legacy backend, else gpu-rocm)
-    device_source: DeviceSource
+    device_source: model.DeviceSource
     raw_device: str | None  # the `device` value as written (None when absent)
     backend: str | None  # the legacy `backend` value as written (None when absent)
     profile: str | None
@@ -33,11 +34,98 @@ class SlotDoc:
         return self.id if self.id else self.name
 
 
+_BACKEND_TO_DEVICE: Mapping[str, str] = {
+    "": model.Device.GPU_ROCM.value,
+    "rocm": model.Device.GPU_ROCM.value,
+    "vulkan": model.Device.GPU_VULKAN.value,
+    "cuda": model.Device.GPU_CUDA.value,
+    "cpu": model.Device.CPU.value,
+    "flm": model.Device.NPU.value,
+    "moonshine": model.Device.CPU.value,
+    "kokoro": model.Device.CPU.value,
+    **{device.value: device.value for device in model.Device},
+}
+"""hal0's legacy `backend` table; keys are lower-case and stripped. Unknown values map to cpu."""
+
+
 def parse_slot(text: str, *, stem: str) -> SlotDoc:
-    """Parse a slot file's text. Raises SlotParseError with the parser's message."""
-    raise NotImplementedError  # helper A fills this in
+    """Parse a slot file's text. Raises SlotParseError with the parser's message.
+
+    The authoritative table is `[slot]` when the document has a `slot` table, else the root;
+    top-level scalars of a nested file are ignored, as hal0 ignores them. A value of the wrong
+    type where a string is expected counts as absent, except `device`, which must be a string.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.SlotParseError(f"not valid TOML: {exc}") from exc
+    except RecursionError as exc:  # absurdly deep nesting of arrays / inline tables
+        raise errors.SlotParseError("not valid TOML: nesting too deep") from exc
+
+    slot = data.get("slot")
+    table: tuple[str, ...]
+    if isinstance(slot, dict):
+        fields: Mapping[str, Any] = slot
+        table = ("slot",)
+    else:
+        fields = data
+        table = ()
+
+    raw_device = fields.get("device")
+    if raw_device is not None and not isinstance(raw_device, str):
+        where = "[slot].device" if table else "device"
+        raise errors.SlotParseError(f"{where} must be a string, not {type(raw_device).__name__}")
+    backend = _string(fields, "backend")
+
+    device: str
+    if raw_device is not None and raw_device.strip():
+        device, source = raw_device.strip(), model.DeviceSource.DEVICE
+    elif backend is not None:
+        device, source = device_from_backend(backend), model.DeviceSource.LEGACY_BACKEND
+    else:
+        device, source = model.Device.GPU_ROCM.value, model.DeviceSource.DEFAULT
+
+    return SlotDoc(
+        data=data,
+        table=table,
+        name=_string(fields, "name") or stem,
+        id=_identifier(fields.get("id")),
+        type=_string(fields, "type"),
+        device=device,
+        device_source=source,
+        raw_device=raw_device,
+        backend=backend,
+        profile=_string(fields, "profile"),
+        provider=_string(fields, "provider"),
+        image=_string(fields, "image_pin") or _string(fields, "image"),
+        server_env=_server_env(data),
+    )
 
 
 def device_from_backend(backend: str) -> str:
     """hal0's load-time mapping of a legacy `backend` value to a device label."""
-    raise NotImplementedError  # helper A fills this in
+    return _BACKEND_TO_DEVICE.get(backend.strip().lower(), model.Device.CPU.value)
+
+
+def _string(fields: Mapping[str, Any], key: str) -> str | None:
+    """The value of `key` when it is a string; None when it is absent or of another type."""
+    value = fields.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _identifier(value: Any) -> str | None:
+    """A slot `id` as text: strings as written, integers (not booleans) in decimal."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _server_env(data: Mapping[str, Any]) -> dict[str, str]:
+    """`[server].env`, keeping only string-to-string entries."""
+    server = data.get("server")
+    env = server.get("env") if isinstance(server, dict) else None
+    if not isinstance(env, dict):
+        return {}
+    return {key: value for key, value in env.items() if isinstance(value, str)}

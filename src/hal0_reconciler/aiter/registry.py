@@ -1,0 +1,173 @@
+"""Module file → which kernel names it registered, cached by the file's identity.
+
+A name-keyed module holds each registered name as a NUL-terminated literal. A name is registered
+when its bytes followed by a NUL occur in the file: the end must match exactly (``..._1`` is not
+in ``..._1_aqrm``), the start need not (linkers merge a string into the tail of a longer one).
+
+One pass over the file collects every printable NUL-terminated run; each queried name is then a
+set lookup (exact) or a bisect over the reversed runs (tail). Answers are remembered per file
+identity ``(dev, inode, size, mtime_ns)`` in a JSON file in the state directory, so an unchanged
+tree costs one ``stat`` per module; a file is read again only when it changed or when names it
+was never asked about appear (the tables changed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import mmap
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_RUN = re.compile(rb"[\x20-\x7e]+\x00")
+_PRINTABLE = re.compile(r"[\x20-\x7e]+")
+_CACHE_VERSION = 1
+
+Identity = tuple[int, int, int, int]
+"""(st_dev, st_ino, st_size, st_mtime_ns): a file is re-read only when this changes."""
+
+
+@dataclass(frozen=True)
+class ModuleScan:
+    """What one module registered, for the names asked about."""
+
+    path: Path
+    identity: Identity
+    registered: dict[str, bool]
+    read: bool  # the file was read for this answer (False: from the cache)
+
+    def missing(self, names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(n for n in set(names) if not self.registered.get(n, False)))
+
+
+def identity_of(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def registered_in(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bool]:
+    """The NUL-terminated exact-suffix rule for each name over ``data`` (one pass)."""
+    wanted = set(names)
+    if not wanted:
+        return {}
+    runs = set(_RUN.findall(data))
+    answer: dict[str, bool] = {}
+    reversed_runs: list[bytes] | None = None
+    for name in wanted:
+        raw = name.encode("utf-8", "surrogateescape")
+        if not raw:
+            answer[name] = False
+        elif not _PRINTABLE.fullmatch(name):
+            answer[name] = data.find(raw + b"\x00") != -1
+        elif raw + b"\x00" in runs:
+            answer[name] = True
+        else:
+            if reversed_runs is None:
+                reversed_runs = sorted(r[-2::-1] for r in runs)  # drop the NUL, reverse
+            key = raw[::-1]
+            i = bisect.bisect_left(reversed_runs, key)
+            answer[name] = i < len(reversed_runs) and reversed_runs[i].startswith(key)
+    return answer
+
+
+class Registry:
+    """The registry cache: one instance per process, persisted in ``cache_file`` (None: memory only)."""
+
+    def __init__(self, cache_file: Path | None) -> None:
+        self._file = cache_file
+        self._entries: dict[str, tuple[Identity, dict[str, bool]]] = {}
+        self._dirty = False
+        self.reads = 0  # files read since start (tests and the benchmark count these)
+        self.load_error: str | None = None
+        if cache_file is not None:
+            self._load(cache_file)
+
+    def scan(self, path: Path, names: Iterable[str]) -> ModuleScan | None:
+        """What ``path`` registered among ``names``; None when the module does not exist.
+
+        Raises OSError when the file exists but cannot be read.
+        """
+        wanted = set(names)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        ident = identity_of(st)
+        key = str(path)
+        cached = self._entries.get(key)
+        known: dict[str, bool] = dict(cached[1]) if cached is not None and cached[0] == ident else {}
+        unknown = wanted - known.keys()
+        if not unknown:
+            return ModuleScan(path, ident, {n: known[n] for n in wanted}, read=False)
+        with path.open("rb") as fh:
+            self.reads += 1
+            if st.st_size == 0:
+                answer = registered_in(b"", unknown)
+            else:
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    answer = registered_in(mm, unknown)
+            after = identity_of(os.fstat(fh.fileno()))
+        if after == ident and identity_of(path.stat()) == ident:
+            known.update(answer)
+            self._entries[key] = (ident, known)
+            self._dirty = True
+        else:  # rewritten while we read it: answer now, remember nothing
+            known.update(answer)
+        return ModuleScan(path, ident, {n: known[n] for n in wanted}, read=True)
+
+    def forget_missing(self, keep: Iterable[Path]) -> None:
+        """Drop entries for modules not in ``keep`` (deleted or quarantined)."""
+        alive = {str(p) for p in keep}
+        for key in [k for k in self._entries if k not in alive]:
+            del self._entries[key]
+            self._dirty = True
+
+    def save(self) -> None:
+        """Write the cache atomically when it changed. Raises OSError."""
+        if self._file is None or not self._dirty:
+            return
+        payload = {
+            "version": _CACHE_VERSION,
+            "modules": {k: {"identity": list(ident), "names": names}
+                        for k, (ident, names) in sorted(self._entries.items())},
+        }
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".registry.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(payload, fh, separators=(",", ":"))
+                fh.flush()
+                os.fsync(fh.fileno())
+            Path(tmp).replace(self._file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink()
+            raise
+        self._dirty = False
+
+    def _load(self, cache_file: Path) -> None:
+        try:
+            raw: Any = json.loads(cache_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            self.load_error = f"{cache_file}: {exc}"
+            return
+        if not isinstance(raw, dict) or raw.get("version") != _CACHE_VERSION:
+            self.load_error = f"{cache_file}: unknown cache version"
+            return
+        modules = raw.get("modules")
+        if not isinstance(modules, dict):
+            return
+        for key, entry in modules.items():
+            try:
+                a, b, c, d = (int(x) for x in entry["identity"])
+                names = {str(n): bool(v) for n, v in entry["names"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            self._entries[str(key)] = ((a, b, c, d), names)

@@ -1,0 +1,118 @@
+"""Tables → libtype → module, from routing data (TOML text).                              [pure]
+
+The data ships as ``routing.toml`` in this package; an operator may replace it. This module only
+parses text: reading the file is the caller's job.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from hal0_reconciler.errors import ReconcilerError
+
+NO_LIBTYPE = "-"
+"""The routing key for rows without a libtype (no column, or an empty value)."""
+
+ASM_PREFIX = "_ZN"
+"""Rows without a libtype whose name starts with this are asm kernels (``.co`` files), never compiled."""
+
+
+class RoutingError(ReconcilerError):
+    """The routing data is malformed (names the key)."""
+
+
+class Keyed(enum.StrEnum):
+    """How the runtime finds a kernel: by name (a miss crashes) or by shape (a miss falls back)."""
+
+    NAME = "name"
+    SHAPE = "shape"
+
+
+@dataclass(frozen=True)
+class TableRoute:
+    """One tuned table: its variable, stem, name columns and where its rows are compiled."""
+
+    stem: str
+    variable: str
+    keyed: Keyed
+    columns: tuple[str, ...]
+    modules: dict[str, str]  # libtype (or NO_LIBTYPE) -> module name
+
+    def module_for(self, libtype: str | None, name: str) -> str | None:
+        """The module a row compiles into, or None when the row is never compiled into one."""
+        lib = (libtype or "").strip()
+        if not lib:
+            if name.startswith(ASM_PREFIX):
+                return None
+            return self.modules.get(NO_LIBTYPE)
+        return self.modules.get(lib)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether any of this table's rows can land in a ``module_*.so``."""
+        return bool(self.modules)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The routing for one aiter version."""
+
+    version: str
+    tables: tuple[TableRoute, ...]
+
+    def by_module(self, module: str) -> tuple[TableRoute, ...]:
+        return tuple(t for t in self.tables if module in t.modules.values())
+
+    @property
+    def module_names(self) -> frozenset[str]:
+        return frozenset(m for t in self.tables for m in t.modules.values())
+
+
+def parse_routing(text: str, *, version: str = "") -> Routing:
+    """The routing for ``version`` (empty: the data's ``default``). Raises RoutingError."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RoutingError(f"routing data is not valid TOML: {exc}") from None
+    chosen = version or data.get("default", "")
+    versions = data.get("versions", {})
+    if not isinstance(versions, dict) or chosen not in versions:
+        known = ", ".join(sorted(versions)) if isinstance(versions, dict) else ""
+        raise RoutingError(f"routing data has no version {chosen!r} (known: {known or 'none'})")
+    tables = versions[chosen].get("tables", {})
+    if not isinstance(tables, dict) or not tables:
+        raise RoutingError(f"routing version {chosen!r} lists no tables")
+    return Routing(
+        version=chosen,
+        tables=tuple(_route(stem, raw, where=f"versions.{chosen}.tables.{stem}")
+                     for stem, raw in tables.items()),
+    )
+
+
+def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
+    if not isinstance(raw, dict):
+        raise RoutingError(f"{where} must be a table")
+    unknown = set(raw) - {"variable", "keyed", "columns", "modules"}
+    if unknown:
+        raise RoutingError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    variable = raw.get("variable")
+    if not isinstance(variable, str) or not variable.startswith("AITER_"):
+        raise RoutingError(f"{where}.variable must be an AITER_* variable name")
+    try:
+        keyed = Keyed(raw.get("keyed", "shape"))
+    except ValueError:
+        raise RoutingError(f"{where}.keyed must be 'name' or 'shape'") from None
+    columns = raw.get("columns", ["kernelName"])
+    if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+        raise RoutingError(f"{where}.columns must be a non-empty list of column names")
+    modules = raw.get("modules", {})
+    if not isinstance(modules, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v.startswith("module_")
+        for k, v in modules.items()
+    ):
+        raise RoutingError(f"{where}.modules must map libtype to a module_* name")
+    return TableRoute(stem=stem, variable=variable, keyed=keyed, columns=tuple(columns),
+                      modules=dict(modules))

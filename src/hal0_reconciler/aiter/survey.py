@@ -1,0 +1,214 @@
+"""Gather the facts for every environment of every tree and turn them into plans.
+
+The I/O side of planning: slot files, ``model_configs/`` listings, tables (read once per change),
+module registries (through the cache), the KFD topology. Decisions are ``plan.decide``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from hal0_reconciler.aiter import plan, registry, resolve, routing, tables, target
+from hal0_reconciler.settings import AiterTree, Settings
+
+_FileKey = tuple[str, tuple[int, int, int, int]]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One environment a server boots with from one tree: the base, or a slot's env over it."""
+
+    tree: AiterTree
+    name: str  # "base" or "slot:<slot file stem>"
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SlotEnv:
+    name: str
+    env: dict[str, str] | None  # None: the file could not be read
+    error: str | None = None
+
+
+def tree_label(tree: AiterTree) -> str:
+    return tree.name or str(tree.package_dir)
+
+
+def jit_dir_for(tree: AiterTree, env: dict[str, str]) -> Path:
+    """aiter's rule: ``$AITER_JIT_DIR`` verbatim, else ``<pkg>/jit`` if writable, else ``~/.aiter/jit``."""
+    if tree.jit_dir is not None:
+        return tree.jit_dir
+    if env.get("AITER_JIT_DIR"):
+        return Path(env["AITER_JIT_DIR"])
+    pkg_jit = tree.package_dir / "jit"
+    if os.access(pkg_jit, os.W_OK):
+        return pkg_jit
+    home = env.get("HOME")
+    return (Path(home) if home else Path.home()) / ".aiter" / "jit"
+
+
+def routing_text(settings: Settings) -> str:
+    """The routing data: the operator's file when set, else the one shipped in this package."""
+    if settings.aiter.routing_file is not None:
+        return settings.aiter.routing_file.read_text(encoding="utf-8")
+    return resources.files("hal0_reconciler.aiter").joinpath("routing.toml").read_text(
+        encoding="utf-8"
+    )
+
+
+def environments(tree: AiterTree, slots: list[SlotEnv]) -> list[Environment]:
+    """The base environment plus each slot whose env sets an ``AITER_*`` variable (over the base)."""
+    envs = [Environment(tree, "base", dict(tree.base_env))]
+    if tree.slot_envs:
+        for slot in slots:
+            if slot.env is not None and any(k.startswith("AITER_") for k in slot.env):
+                envs.append(Environment(tree, f"slot:{slot.name}", {**tree.base_env, **slot.env}))
+    return envs
+
+
+class Surveyor:
+    """Holds the caches between checks: tables, slot files, the registry, the KFD reading."""
+
+    def __init__(self, settings: Settings, *, cache_file: Path | None) -> None:
+        self.settings = settings
+        self.registry = registry.Registry(cache_file)
+        self.table_reads = 0
+        self._tables: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
+        self._slots: dict[_FileKey, SlotEnv] = {}
+        self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
+
+    def kfd(self) -> tuple[frozenset[tables.Target], str | None]:
+        if self._kfd is None:
+            self._kfd = target.read_kfd(self.settings.aiter.kfd_topology_dir)
+        return self._kfd
+
+    def slot_envs(self) -> list[SlotEnv]:
+        """``[server].env`` of every ``*.toml`` slot file; unreadable ones carry their error."""
+        found: list[SlotEnv] = []
+        fresh: dict[_FileKey, SlotEnv] = {}
+        try:
+            paths = sorted(self.settings.slots_dir.glob("*.toml"))
+        except OSError:
+            paths = []
+        for path in paths:
+            try:
+                key = (str(path), registry.identity_of(path.stat()))
+            except OSError:
+                continue
+            slot = self._slots.get(key) or _read_slot(path)
+            fresh[key] = slot
+            found.append(slot)
+        self._slots = fresh
+        return found
+
+    def survey(self, rules: routing.Routing, memory: dict[str, plan.MemoryEntry]) -> list[plan.EnvPlan]:
+        """Plan every environment of every tree. Reads only what changed since the last call."""
+        slots = self.slot_envs()
+        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
+        plans: list[plan.EnvPlan] = []
+        modules_seen: list[Path] = []
+        for tree in self.settings.aiter.trees:
+            for environment in environments(tree, slots):
+                env_plan = self._plan_env(environment, rules, memory, used, modules_seen)
+                plans.append(env_plan)
+        self._tables = used
+        self.registry.forget_missing(modules_seen)
+        return plans
+
+    def _plan_env(
+        self,
+        environment: Environment,
+        rules: routing.Routing,
+        memory: dict[str, plan.MemoryEntry],
+        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource],
+        modules_seen: list[Path],
+    ) -> plan.EnvPlan:
+        tree, env = environment.tree, environment.env
+        label = tree_label(tree)
+        choice = target.choose_target(tree.target, env, kfd=self.kfd())
+        jit = jit_dir_for(tree, env)
+        configs = tree.package_dir / "configs"
+        try:
+            overlays = [p.name for p in (configs / "model_configs").iterdir()]
+        except OSError:
+            overlays = []
+        resolutions = tuple(
+            resolve.resolve(route, env, configs_dir=configs, overlay_names=overlays,
+                            exists=lambda p: Path(p).is_file())
+            for route in rules.tables
+        )
+        problems = [p for r in resolutions for p in r.problems]
+        if choice.error is not None or not choice.targets:
+            problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
+            return plan.EnvPlan(label, environment.name, jit, str(choice), resolutions, (), (),
+                                tuple(problems))
+        sources: list[plan.TableSource] = []
+        for res in resolutions:
+            if not res.route.compiled:
+                continue
+            for f in res.loaded:
+                sources.append(self._table(f, res.route, choice.targets, used))
+        needs = plan.needed_names(sources)
+        modules: list[plan.ModulePlan] = []
+        for module in sorted(needs):
+            so = jit / f"{module}.so"
+            modules_seen.append(so)
+            try:
+                scan = self.registry.scan(so, needs[module])
+                facts = (plan.ModuleFacts(so, exists=False) if scan is None
+                         else plan.ModuleFacts(so, exists=True, registered=scan.registered))
+            except OSError as exc:
+                facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
+            keyed = rules.by_module(module)[0].keyed
+            modules.append(plan.decide(
+                module, keyed=keyed, needs=needs[module], facts=facts,
+                digest=plan.module_digest(module, sources, str(choice)),
+                memory=memory.get(str(so)), heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
+            ))
+        return plan.EnvPlan(label, environment.name, jit, str(choice), resolutions, tuple(sources),
+                            tuple(modules), tuple(problems))
+
+    def _table(
+        self,
+        file: resolve.ResolvedFile,
+        route: routing.TableRoute,
+        targets: frozenset[tables.Target],
+        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource],
+    ) -> plan.TableSource:
+        path = Path(file.path)
+        try:
+            key = ((str(path), registry.identity_of(path.stat())), route.stem, targets)
+        except OSError as exc:
+            return plan.TableSource(file, route, error=exc.strerror or str(exc))
+        cached = used.get(key) or self._tables.get(key)
+        if cached is None:
+            try:
+                data = path.read_bytes()
+                self.table_reads += 1
+                cached = plan.TableSource(file, route, table=tables.parse_table(
+                    data, route=route, targets=targets))
+            except OSError as exc:
+                cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
+            except tables.TableUnreadable as exc:
+                cached = plan.TableSource(file, route, error=str(exc))
+        elif cached.file != file:
+            cached = plan.TableSource(file, route, cached.table, cached.error)
+        used[key] = cached
+        return cached
+
+
+def _read_slot(path: Path) -> SlotEnv:
+    name = path.stem
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return SlotEnv(name, None, str(exc))
+    server = doc.get("server", {})
+    env = server.get("env", {}) if isinstance(server, dict) else {}
+    if not isinstance(env, dict):
+        return SlotEnv(name, None, "[server].env is not a table")
+    return SlotEnv(name, {str(k): str(v) for k, v in env.items()})

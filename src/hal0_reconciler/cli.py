@@ -1,0 +1,231 @@
+"""The command line: `hal0-reconciler once | plan | probe | run | status | aiter ...`.
+
+Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings,
+the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
+-detailed-exitcode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hal0_reconciler import __version__, _log, settings
+from hal0_reconciler.errors import ReconcilerError
+from hal0_reconciler.host import facts as host_facts
+from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
+from hal0_reconciler.state import DemotionLedger
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_PENDING = 2
+
+# --flag -> settings field; every host path is configurable from the command line.
+_PATH_FLAGS = {
+    "slots_dir": "slots directory (default /etc/hal0/slots, under $HAL0_HOME when set)",
+    "lock_file": "hal0's slot write lock (default <slots-dir>.lock)",
+    "profiles_file": "hal0's profile catalog (default /etc/hal0/profiles.toml)",
+    "kfd_path": "the KFD node the ROCm lane needs (default /dev/kfd)",
+    "dri_dir": "where render nodes live (default /dev/dri)",
+    "amdgpu_module_dir": "present on an AMD host (default /sys/module/amdgpu)",
+    "state_dir": "the reconciler's own state (default /var/lib/hal0-reconciler)",
+    "runtime_dir": "status file folder (default /run/hal0-reconciler)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="settings file (default /etc/hal0/reconciler.toml)")
+    for field, text in _PATH_FLAGS.items():
+        common.add_argument("--" + field.replace("_", "-"), dest=field, type=Path, help=text)
+    common.add_argument("--user", dest="service_user", help="service user the probe runs as (name or uid[:gid[:groups]])")
+    common.add_argument("--log-format", choices=[f.value for f in settings.LogFormat])
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    common.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="override any top-level setting, e.g. --set demote_grace=10",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="hal0-reconciler",
+        description="Keep hal0 slot device labels and aiter's compiled registry true to the host.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs.add_parser("once", parents=[common], help="one reconcile pass, then exit")
+    plan = verbs.add_parser("plan", parents=[common], help="dry run: what would change and why")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    amd = plan.add_mutually_exclusive_group()
+    amd.add_argument("--assume-amd", dest="assume_amd", action="store_const", const=True)
+    amd.add_argument("--assume-not-amd", dest="assume_amd", action="store_const", const=False)
+    plan.add_argument("--assume-rocm", choices=["usable", "unusable"], help="skip the probe")
+    verbs.add_parser("probe", parents=[common], help="print the host facts and the probe verdict")
+    verbs.add_parser("run", parents=[common], help="the daemon (systemd Type=notify)")
+    verbs.add_parser("status", parents=[common], help="report on the running daemon")
+    try:
+        from hal0_reconciler.aiter import cli as aiter_cli
+    except ImportError:  # pragma: no cover - the aiter verbs are optional during development
+        pass
+    else:
+        aiter_cli.add_parser(verbs, parents=[common])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        overrides = _overrides(args)
+        current = settings.load(args.config, overrides)
+    except ReconcilerError as exc:
+        print(f"hal0-reconciler: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    _log.configure(current.log_format, current.log_level)
+    try:
+        return _dispatch(args, current, overrides)
+    except ReconcilerError as exc:
+        print(f"hal0-reconciler: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _dispatch(args: argparse.Namespace, current: settings.Settings, overrides: dict[str, Any]) -> int:
+    verb: str = args.verb
+    if verb == "once":
+        return _once(current)
+    if verb == "plan":
+        return _plan(current, args)
+    if verb == "probe":
+        return _probe(current)
+    if verb == "run":
+        from hal0_reconciler.daemon import runner
+
+        return runner.run(current, config_path=args.config, overrides=overrides)
+    if verb == "status":
+        from hal0_reconciler.daemon import status
+
+        text, code = status.report(current)
+        print(text)
+        return code
+    from hal0_reconciler.aiter import cli as aiter_cli
+
+    return aiter_cli.main(args, current)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for item in args.assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise settings.SettingsError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key.strip()] = value
+    for field in (*_PATH_FLAGS, "service_user", "log_format", "log_level"):
+        value = getattr(args, field, None)
+        if value is not None:
+            overrides[field] = str(value)
+    return overrides
+
+
+def _once(current: settings.Settings) -> int:
+    facts = host_facts.gather(current)
+    ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
+    report = Reconciler(current, ledger=ledger).reconcile(facts)
+    return EXIT_ERROR if report.failed else EXIT_OK
+
+
+def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
+    facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
+    ledger = DemotionLedger(current.state_dir / "demotions.json")
+    report = Reconciler(current, ledger=ledger).reconcile(facts, apply=False)
+    if args.json:
+        print(json.dumps(_plan_json(report, facts), indent=2))
+    else:
+        print(_plan_table(report, facts))
+    return EXIT_PENDING if report.pending else EXIT_OK
+
+
+def _assumed_facts(
+    current: settings.Settings, assume_amd: bool | None, assume_rocm: str | None
+) -> HostFacts:
+    amd = host_facts.is_amd_host(current) if assume_amd is None else assume_amd
+    if assume_rocm is not None:
+        lane = LaneState.USABLE if assume_rocm == "usable" else LaneState.UNUSABLE
+        return HostFacts(amd=amd, lane=lane)
+    if not amd:
+        return HostFacts(amd=False, lane=LaneState.UNUSABLE)
+    probed = host_facts.gather(current)
+    return HostFacts(amd=True, lane=probed.lane, probe=probed.probe)
+
+
+def _plan_rows(report: PassReport) -> list[dict[str, str]]:
+    rows = []
+    for o in report.outcomes:
+        v = o.verdict
+        rows.append(
+            {
+                "slot": o.name or "-",
+                "file": o.path.name,
+                "runtime": v.runtime.value if v else "-",
+                "device": v.old if v else "-",
+                "action": _action_word(o.status),
+                "new": (v.new or "") if v and o.status is OutcomeStatus.PENDING else "",
+                "reason": v.reason.value if v else (o.message or ""),
+            }
+        )
+    return rows
+
+
+def _action_word(status: OutcomeStatus) -> str:
+    return {
+        OutcomeStatus.PENDING: "relabel",
+        OutcomeStatus.UNCHANGED: "keep",
+        OutcomeStatus.SKIPPED: "skip",
+    }.get(status, status.value)
+
+
+def _facts_line(facts: HostFacts) -> str:
+    if not facts.amd:
+        return "host: not AMD (nothing is touched)"
+    return f"host: AMD, ROCm lane {facts.lane.value} ({facts.lane_reason})"
+
+
+def _plan_table(report: PassReport, facts: HostFacts) -> str:
+    rows = _plan_rows(report)
+    head = {k: k.upper() for k in ("slot", "file", "runtime", "device", "action", "new", "reason")}
+    widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
+    lines = [_facts_line(facts), ""]
+    lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
+    pending = len(report.pending)
+    lines += ["", f"{pending} change(s) pending" if pending else "no changes"]
+    return "\n".join(lines)
+
+
+def _plan_json(report: PassReport, facts: HostFacts) -> dict[str, Any]:
+    return {
+        "host": {"amd": facts.amd, "rocm_lane": facts.lane.value, "reason": facts.lane_reason},
+        "slots": [{"path": str(o.path), **row} for o, row in zip(report.outcomes, _plan_rows(report), strict=True)],
+        "pending": len(report.pending),
+    }
+
+
+def _probe(current: settings.Settings) -> int:
+    facts = host_facts.gather(current)
+    print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
+    if not facts.amd:
+        print("ROCm lane: not probed (not an AMD host)")
+        return EXIT_ERROR
+    probe = facts.probe
+    if probe is not None and probe.credentials is not None:
+        c = probe.credentials
+        groups = ",".join(str(g) for g in c.groups)
+        print(f"service user: {c.user} (uid {c.uid}, gid {c.gid}, groups {groups or '-'})")
+    print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
+    if probe is not None:
+        for failure in probe.failures:
+            errno_text = f" errno {failure.errno}" if failure.errno is not None else ""
+            print(f"  {failure.path}: {failure.kind.value}{errno_text}: {failure.message}")
+    return EXIT_OK if facts.lane is LaneState.USABLE else EXIT_ERROR

@@ -1,0 +1,74 @@
+"""Prometheus text-format metrics, written atomically for node_exporter's textfile collector.
+
+The temp file is hidden and does not end in ``.prom``, so the collector never reads half a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hal0_reconciler import fsio
+
+_PREFIX = "hal0_reconciler"
+
+
+@dataclass
+class Metrics:
+    """Counters since the daemon started, gauges as of the last pass."""
+
+    passes: int = 0
+    relabels: dict[str, int] = field(default_factory=dict)  # by target device
+    restarts: dict[str, int] = field(default_factory=dict)  # by result
+    unreadable_files: int = 0
+    slots: int = 0
+    hands_off: int = 0
+    pass_duration: float = 0.0
+    last_pass_timestamp: float = 0.0
+    rocm_lane_usable: bool = False
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {_PREFIX}_{name} {help_text}", f"# TYPE {_PREFIX}_{name} {kind}"]
+
+
+def _labelled(name: str, label: str, values: Mapping[str, int]) -> list[str]:
+    return [
+        f'{_PREFIX}_{name}{{{label}="{_escape(key)}"}} {values[key]}' for key in sorted(values)
+    ]
+
+
+def render(m: Metrics) -> str:
+    """The whole exposition, one family after another, ending with a newline."""
+    lines: list[str] = []
+    lines += _family("passes_total", "counter", "Reconcile passes since the daemon started.")
+    lines.append(f"{_PREFIX}_passes_total {m.passes}")
+    lines += _family("relabels_total", "counter", "Slot files relabelled, by new device.")
+    lines += _labelled("relabels_total", "target", m.relabels)
+    lines += _family("restarts_total", "counter", "Slot restart requests, by result.")
+    lines += _labelled("restarts_total", "result", m.restarts)
+    lines += _family("unreadable_files", "gauge", "Slot files that could not be read or parsed.")
+    lines.append(f"{_PREFIX}_unreadable_files {m.unreadable_files}")
+    lines += _family("slots", "gauge", "Slot files seen by the last full pass.")
+    lines.append(f"{_PREFIX}_slots {m.slots}")
+    lines += _family("hands_off_slots", "gauge", "Slots left alone after a fight.")
+    lines.append(f"{_PREFIX}_hands_off_slots {m.hands_off}")
+    lines += _family("pass_duration_seconds", "gauge", "Duration of the last pass.")
+    lines.append(f"{_PREFIX}_pass_duration_seconds {m.pass_duration:.6f}")
+    lines += _family(
+        "last_pass_timestamp_seconds", "gauge", "Unix time the last pass finished."
+    )
+    lines.append(f"{_PREFIX}_last_pass_timestamp_seconds {m.last_pass_timestamp:.3f}")
+    lines += _family("rocm_lane_usable", "gauge", "1 when the service user can use the ROCm lane.")
+    lines.append(f"{_PREFIX}_rocm_lane_usable {int(m.rocm_lane_usable)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path: Path, m: Metrics) -> None:
+    """Replace ``path`` atomically (mode 0644, readable by node_exporter)."""
+    fsio.write_atomically(path, render(m).encode("utf-8"), mode=0o644)

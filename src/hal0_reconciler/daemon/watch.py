@@ -1,0 +1,320 @@
+"""Filesystem watches: watchdog events become work keys. Handlers only enqueue.
+
+Watched, all non-recursive:
+- the slots directory: a slot file created, modified, closed after writing, deleted, moved out,
+  or moved *onto* (the temp-file-and-rename save) is a change of that slot;
+- its parent: the slots directory itself deleted, created or moved means "everything";
+- the folder of the kfd node (``/dev``) and the DRI folder: nodes appearing, going, or changing
+  mode/owner mean "re-probe the host".
+
+Events can be lost; the main loop calls :meth:`Watcher.check`, which says when a full pass is
+needed: the inotify queue overflowed (watchdog only logs it, on ``watchdog.observers.inotify_c``),
+the observer thread died (an exception in a handler kills it silently), or a watched folder was
+re-created. A watch that cannot be added (``ENOSPC``/``EMFILE``...) is said once, and the daemon
+falls back to polling at the resync interval, retrying the watch each time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from hal0_reconciler.daemon.workqueue import Special, WorkKey
+from hal0_reconciler.model import SlotKey
+
+log = structlog.get_logger("hal0_reconciler.daemon.watch")
+
+_OVERFLOW_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
+# Event types that carry no change: reading a file (and the probe's own open/close of the nodes).
+_NO_CHANGE = frozenset({"opened", "closed_no_write"})
+_NO_CHANGE_DEV = _NO_CHANGE | {"closed"}
+
+
+class Trigger(enum.StrEnum):
+    """Why the watcher asks for a full pass."""
+
+    OVERFLOW = "inotify-overflow"
+    OBSERVER_DIED = "observer-died"
+    REWATCHED = "watch-re-established"
+
+
+class ObserverLike(Protocol):
+    """What the watcher needs from a watchdog observer (tests inject failing ones)."""
+
+    def schedule(self, event_handler: FileSystemEventHandler, path: str, *, recursive: bool = ...) -> Any: ...
+    def unschedule(self, watch: Any) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def join(self, timeout: float | None = ...) -> None: ...
+    def is_alive(self) -> bool: ...
+
+
+ObserverFactory = Callable[[], ObserverLike]
+"""Builds a fresh observer (the real one is ``watchdog.observers.Observer``)."""
+
+
+def _paths(event: FileSystemEvent) -> list[str]:
+    paths = [os.fsdecode(event.src_path)]
+    dest = getattr(event, "dest_path", "")
+    if dest:
+        paths.append(os.fsdecode(dest))
+    return paths
+
+
+class _Handler(FileSystemEventHandler):
+    """Maps each event to keys with ``mapper`` and enqueues them. Nothing else."""
+
+    def __init__(
+        self,
+        mapper: Callable[[FileSystemEvent], Iterable[WorkKey]],
+        enqueue: Callable[[Iterable[WorkKey]], None],
+    ) -> None:
+        super().__init__()
+        self._mapper = mapper
+        self._enqueue = enqueue
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        keys = list(self._mapper(event))
+        if keys:
+            self._enqueue(keys)
+
+
+class _OverflowHandler(logging.Handler):
+    """Turns watchdog's overflow warning into a flag the main loop reads."""
+
+    def __init__(self, on_overflow: Callable[[], None]) -> None:
+        super().__init__(level=logging.WARNING)
+        self._on_overflow = on_overflow
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            if "overflow" in record.getMessage().lower():
+                self._on_overflow()
+
+
+@dataclass
+class _Watch:
+    path: Path
+    handler: _Handler
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) when scheduled
+    handle: Any = None
+    failure: str | None = None
+
+
+@dataclass
+class WatchHealth:
+    """What the watcher reports for status and health."""
+
+    mode: str  # "inotify" or "polling"
+    watched: tuple[str, ...]
+    failures: dict[str, str] = field(default_factory=dict)
+    observer_alive: bool = True
+
+
+class Watcher:
+    """Owns the observer and its watches. ``check`` is called from the main loop only."""
+
+    def __init__(
+        self,
+        *,
+        slots_dir: Path,
+        dev_dir: Path | None,
+        kfd_name: str,
+        dri_dir: Path | None,
+        is_slot_name: Callable[[str], bool],
+        enqueue: Callable[[Iterable[WorkKey]], None],
+        wake: Callable[[], None],
+        observer_factory: ObserverFactory = Observer,
+    ) -> None:
+        self._slots_dir = slots_dir
+        self._dev_dir = dev_dir
+        self._kfd_name = kfd_name
+        self._dri_dir = dri_dir
+        self._is_slot_name = is_slot_name
+        self._enqueue_raw = enqueue
+        self._wake = wake
+        self._factory = observer_factory
+        self._observer: ObserverLike | None = None
+        self._overflowed = threading.Event()
+        self._overflow_handler = _OverflowHandler(self._on_overflow)
+        self._stopping = False
+        self._watches: list[_Watch] = [
+            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue)),
+            _Watch(slots_dir.parent, _Handler(self._slots_parent_keys, self._enqueue)),
+        ]
+        if dev_dir is not None:
+            self._watches.append(_Watch(dev_dir, _Handler(self._dev_keys, self._enqueue)))
+        if dri_dir is not None:
+            self._watches.append(_Watch(dri_dir, _Handler(self._dri_keys, self._enqueue)))
+        self._reported: dict[str, str] = {}
+
+    # -- event → keys (run on the observer thread) -----------------------------------------------
+    def _enqueue(self, keys: Iterable[WorkKey]) -> None:
+        self._enqueue_raw(keys)
+        self._wake()
+
+    def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE:
+            return []
+        keys: list[WorkKey] = []
+        for raw in _paths(event):
+            path = Path(raw)
+            if path == self._slots_dir:
+                keys.append(Special.EVERYTHING)  # the folder itself went or moved
+            elif path.parent == self._slots_dir and not event.is_directory:
+                if self._is_slot_name(path.name):
+                    keys.append(SlotKey(str(path)))
+        return keys
+
+    def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE or event.event_type in {"modified", "closed"}:
+            return []
+        return [Special.EVERYTHING] if any(Path(p) == self._slots_dir for p in _paths(event)) else []
+
+    def _dev_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE_DEV:
+            return []
+        names = {self._kfd_name} | ({self._dri_dir.name} if self._dri_dir is not None else set())
+        for raw in _paths(event):
+            path = Path(raw)
+            if path.parent == self._dev_dir and path.name in names:
+                return [Special.HOST_FACTS]
+        return []
+
+    def _dri_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE_DEV:
+            return []
+        return [Special.HOST_FACTS]
+
+    def _on_overflow(self) -> None:
+        self._overflowed.set()
+        self._wake()
+
+    # -- lifecycle (main thread) ------------------------------------------------------------------
+    def start(self) -> None:
+        for name in _OVERFLOW_LOGGERS:
+            logging.getLogger(name).addHandler(self._overflow_handler)
+        self._observer = self._factory()
+        self._observer.start()
+        self._schedule_missing(retry_failures=True)
+
+    def stop(self) -> None:
+        self._stopping = True
+        for name in _OVERFLOW_LOGGERS:
+            logging.getLogger(name).removeHandler(self._overflow_handler)
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            with contextlib.suppress(Exception):
+                observer.stop()
+            observer.join(timeout=5)
+
+    def __enter__(self) -> Watcher:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- the main loop's look -------------------------------------------------------------------
+    def check(self, *, retry_failures: bool = False) -> list[Trigger]:
+        """Repair what can be repaired; return why a full pass is needed (empty: none)."""
+        triggers: list[Trigger] = []
+        if self._overflowed.is_set():
+            self._overflowed.clear()
+            triggers.append(Trigger.OVERFLOW)
+            log.warning("daemon.events_lost", reason="inotify queue overflowed")
+        if self._observer is not None and not self._observer.is_alive() and not self._stopping:
+            log.error("daemon.observer_died", action="restarting the observer, full pass")
+            triggers.append(Trigger.OBSERVER_DIED)
+            for watch in self._watches:
+                watch.handle = None
+                watch.identity = None
+            self._observer = self._factory()
+            self._observer.start()
+            retry_failures = True
+        if self._schedule_missing(retry_failures=retry_failures):
+            triggers.append(Trigger.REWATCHED)
+        return triggers
+
+    def health(self) -> WatchHealth:
+        failures = {str(w.path): w.failure for w in self._watches if w.failure is not None}
+        alive = self._observer is not None and self._observer.is_alive()
+        return WatchHealth(
+            mode="polling" if failures or not alive else "inotify",
+            watched=tuple(str(w.path) for w in self._watches if w.handle is not None),
+            failures=failures,
+            observer_alive=alive,
+        )
+
+    def _schedule_missing(self, *, retry_failures: bool) -> bool:
+        """(Re-)schedule every watch whose folder is new or re-created; True when one was added."""
+        observer = self._observer
+        if observer is None:
+            return False
+        added = False
+        for watch in self._watches:
+            identity = _identity(watch.path)
+            if watch.handle is not None and identity == watch.identity:
+                continue
+            if watch.handle is not None:  # the folder went away or was replaced
+                with contextlib.suppress(Exception):
+                    observer.unschedule(watch.handle)
+                watch.handle = None
+            if identity is None:
+                watch.identity = None
+                continue  # absent: its parent's watch (or the next resync) brings it back
+            if watch.failure is not None and not retry_failures:
+                continue
+            try:
+                watch.handle = observer.schedule(watch.handler, str(watch.path), recursive=False)
+            except OSError as exc:
+                self._failed(watch, exc)
+                continue
+            watch.identity = identity
+            if watch.failure is not None:
+                log.info("daemon.watch_restored", path=str(watch.path))
+            watch.failure = None
+            added = True
+        return added
+
+    def _failed(self, watch: _Watch, exc: OSError) -> None:
+        if exc.errno in {errno.ENOSPC, errno.EMFILE}:
+            reason = (
+                f"{os.strerror(exc.errno)}: raise fs.inotify.max_user_watches / max_user_instances"
+            )
+        else:
+            reason = str(exc) or type(exc).__name__
+        if watch.failure != reason:
+            log.error(
+                "daemon.watch_failed",
+                path=str(watch.path),
+                reason=reason,
+                fallback="polling at the resync interval",
+            )
+        watch.failure = reason
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

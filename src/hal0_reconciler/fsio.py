@@ -1,0 +1,76 @@
+"""Crash-safe file replacement: every file is either old or new, never torn.
+
+The one way this package replaces a file it owns or edits: temp file in the same directory,
+write, keep owner/group/mode, fsync, rename over the target, fsync the directory. A temp file
+is removed on any error; a crash can leave one behind, named with TEMP_MARKER so that
+``remove_stale_temps`` can clear it at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+TEMP_MARKER = ".hal0-reconciler."
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_path_for(path: Path) -> Path:
+    """A temp name beside ``path``: hidden, marked and ending in .tmp (never a slot name)."""
+    return path.with_name(f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def is_own_temp(name: str) -> bool:
+    return name.startswith(".") and TEMP_MARKER in name and name.endswith(TEMP_SUFFIX)
+
+
+def write_atomically(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> None:
+    """Replace ``path`` with ``data`` atomically and durably, with the given mode and owner."""
+    tmp = temp_path_for(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if uid is not None or gid is not None:
+                os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(path.parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Remove temp files this package left behind in ``directory`` (after a crash)."""
+    removed: list[Path] = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            if is_own_temp(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed

@@ -1,0 +1,302 @@
+"""Applying a changed slot: ask hal0's API to restart it, else the configured fallback.
+
+A plain ``systemctl restart`` would re-use the devices and argv baked into the Quadlet unit, so
+the way to apply a changed TOML is ``POST {api_url}/api/slots/{name}/restart``. When the API
+cannot be reached or refuses, the fallback is ``systemctl stop --no-block hal0-slot@<token>``
+(loudly: the slot needs a reload in hal0) or nothing. Never for an inactive slot; at most once per
+slot per ``restart_min_interval`` (a later request waits for its turn, coalesced). All of it runs
+on the :class:`Restarter` thread, so the main loop never waits on an HTTP server or systemctl.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import shlex
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from hal0_reconciler import errors
+from hal0_reconciler.host import proc
+from hal0_reconciler.settings import RestartFallback, Settings
+
+log = structlog.get_logger("hal0_reconciler.host.units")
+
+_ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
+API_KEY_VARIABLE = "HAL0_ADMIN_KEY"
+
+
+class RestartResult(enum.StrEnum):
+    """How one restart request ended (a metrics label)."""
+
+    RESTARTED = "restarted"  # hal0's API accepted it
+    STOPPED = "stopped"  # fallback: the unit was stopped, hal0 must reload the slot
+    FAILED = "failed"  # neither the API nor the fallback worked (or fallback is `none`)
+    NO_ANSWER = "no-answer"  # the API took the request but did not answer in time
+    INACTIVE = "inactive"  # not running: nothing to apply
+    UNKNOWN_STATE = "unknown-state"  # systemctl could not say: leave it alone
+
+
+@dataclass(frozen=True)
+class RestartRequest:
+    name: str  # the slot's display name (the API's {name})
+    token: str  # the unit instance: the slot's id when set, else its name
+
+
+def unit_name(token: str) -> str:
+    return f"hal0-slot@{token}.service"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """A shell-style ``KEY=VALUE`` file (comments, ``export``, quotes); missing file → empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        line = line.removeprefix("export ").strip()
+        key, _, value = line.partition("=")
+        try:
+            parts = shlex.split(value, comments=True)
+        except ValueError:
+            parts = [value.strip()]
+        values[key.strip()] = parts[0] if parts else ""
+    return values
+
+
+def is_active(settings: Settings, token: str) -> bool | None:
+    """``systemctl is-active`` for the slot's unit; None when systemctl cannot say."""
+    try:
+        result = proc.run(
+            [settings.systemctl, "is-active", unit_name(token)], timeout=settings.api_timeout
+        )
+    except errors.ProcFailed as exc:
+        log.warning("unit.state_unknown", unit=unit_name(token), error=str(exc))
+        return None
+    state = result.stdout.decode("utf-8", "replace").strip()
+    if state in _ACTIVE_STATES:
+        return True
+    if result.returncode != 0 and state in {"inactive", "failed", "unknown", "deactivating", ""}:
+        return False
+    return state in _ACTIVE_STATES
+
+
+class ApiNoAnswer(Exception):
+    """The API took the request but did not answer within the timeout."""
+
+
+def restart_via_api(settings: Settings, name: str) -> None:
+    """POST the restart; raises ApiNoAnswer, or ReconcilerError with the human line."""
+    url = f"{settings.api_url.rstrip('/')}/api/slots/{urllib.parse.quote(name, safe='')}/restart"
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    key = read_env_file(settings.api_env_file).get(API_KEY_VARIABLE, "")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")  # noqa: S310 - configured http(s) URL
+    try:
+        with urllib.request.urlopen(request, timeout=settings.api_timeout) as response:  # noqa: S310
+            response.read(65536)
+    except urllib.error.HTTPError as exc:
+        detail = _error_detail(exc)
+        raise errors.ReconcilerError(f"hal0 API answered {exc.code} for {url}{detail}") from None
+    except urllib.error.URLError as exc:
+        raise errors.ReconcilerError(f"hal0 API unreachable at {url}: {exc.reason}") from None
+    except TimeoutError:
+        raise ApiNoAnswer(f"hal0 API gave no answer within {settings.api_timeout}s") from None
+    except OSError as exc:
+        raise errors.ReconcilerError(f"hal0 API call failed at {url}: {exc}") from None
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = exc.read(2048).decode("utf-8", "replace")
+        detail = json.loads(body).get("detail", "") if body.startswith("{") else body
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f": {str(detail).strip()[:200]}" if detail else ""
+
+
+def stop_unit(settings: Settings, token: str) -> None:
+    """``systemctl stop --no-block`` the slot's unit; raises ReconcilerError with the line."""
+    result = proc.run(
+        [settings.systemctl, "stop", "--no-block", unit_name(token)], timeout=settings.api_timeout
+    )
+    if not result.ok:
+        raise errors.ProcFailed(result.describe())
+
+
+def apply_change(settings: Settings, request: RestartRequest) -> RestartResult:
+    """Restart one changed slot the hal0 way, else its fallback. Blocks: run it off the loop."""
+    unit = unit_name(request.token)
+    active = is_active(settings, request.token)
+    if active is None:
+        return RestartResult.UNKNOWN_STATE
+    if not active:
+        log.debug("unit.restart_skipped_inactive", slot=request.name, unit=unit)
+        return RestartResult.INACTIVE
+    try:
+        restart_via_api(settings, request.name)
+    except ApiNoAnswer as exc:
+        log.warning("unit.restart_unconfirmed", slot=request.name, unit=unit, error=str(exc))
+        return RestartResult.NO_ANSWER
+    except errors.ReconcilerError as exc:
+        api_error = str(exc)
+    else:
+        log.info("unit.restarted", slot=request.name, unit=unit, via="hal0-api")
+        return RestartResult.RESTARTED
+    if settings.restart_fallback is RestartFallback.NONE:
+        log.warning(
+            "unit.restart_failed",
+            slot=request.name,
+            unit=unit,
+            error=api_error,
+            fallback="none",
+            action="restart the slot in hal0 to apply its new device",
+        )
+        return RestartResult.FAILED
+    try:
+        stop_unit(settings, request.token)
+    except errors.ReconcilerError as exc:
+        log.error(
+            "unit.restart_failed", slot=request.name, unit=unit, error=api_error, stop_error=str(exc)
+        )
+        return RestartResult.FAILED
+    log.warning(
+        "unit.stopped_needs_reload",
+        slot=request.name,
+        unit=unit,
+        error=api_error,
+        action="the slot needs a reload in hal0 (its unit was stopped)",
+    )
+    return RestartResult.STOPPED
+
+
+class _Stop(enum.Enum):
+    TOKEN = "stop"
+
+
+class Restarter:
+    """A small worker thread applying restart requests, rate-limited per slot.
+
+    ``submit`` never blocks. A request for a slot restarted less than ``restart_min_interval``
+    ago waits until its turn; several such requests are one restart. A context manager that
+    stops and joins the thread on exit.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._cond = threading.Condition()
+        self._pending: dict[str, tuple[float, RestartRequest]] = {}  # token -> (due, request)
+        self._last: dict[str, float] = {}  # token -> monotonic time of the last action
+        self._stop: _Stop | None = None
+        self._busy_since: float | None = None
+        self._previous: float | None = None
+        self.results: Counter[RestartResult] = Counter()
+        self._thread = threading.Thread(target=self._run, name="hal0-restarter", daemon=True)
+
+    def update_settings(self, settings: Settings) -> None:
+        with self._cond:
+            self._settings = settings
+
+    def submit(self, request: RestartRequest) -> None:
+        now = time.monotonic()
+        with self._cond:
+            last = self._last.get(request.token)
+            interval = self._settings.restart_min_interval
+            due = now if last is None else max(now, last + interval)
+            if due > now and request.token not in self._pending:
+                log.info(
+                    "unit.restart_deferred",
+                    slot=request.name,
+                    unit=unit_name(request.token),
+                    due_in=round(due - now, 1),
+                    reason="restarted less than restart_min_interval ago",
+                )
+            self._pending[request.token] = (due, request)
+            self._cond.notify_all()
+
+    def pending(self) -> dict[str, float]:
+        """Slot name → seconds until its restart (0 when it is due or running)."""
+        now = time.monotonic()
+        with self._cond:
+            return {r.name: max(0.0, due - now) for due, r in self._pending.values()}
+
+    def busy_for(self) -> float:
+        with self._cond:
+            return 0.0 if self._busy_since is None else time.monotonic() - self._busy_since
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, timeout: float = 4.0) -> None:
+        with self._cond:
+            self._stop = _Stop.TOKEN
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Restarter:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _next_due(self) -> tuple[RestartRequest, Settings] | _Stop | None:
+        with self._cond:
+            while True:
+                if self._stop is not None:
+                    return self._stop
+                now = time.monotonic()
+                due = [(d, t) for t, (d, _) in self._pending.items() if d <= now]
+                if due:
+                    _, token = min(due)
+                    _, request = self._pending.pop(token)
+                    self._busy_since = now
+                    self._previous = self._last.get(token)
+                    self._last[token] = now  # a request arriving meanwhile waits its turn
+                    return request, self._settings
+                soonest = min((d for d, _ in self._pending.values()), default=None)
+                self._cond.wait(None if soonest is None else max(0.01, soonest - now))
+
+    def _run(self) -> None:
+        while True:
+            item = self._next_due()
+            if isinstance(item, _Stop):
+                return
+            request, settings = item
+            try:
+                result = apply_change(settings, request)
+            except Exception:
+                log.exception("unit.restart_crashed", slot=request.name)
+                result = RestartResult.FAILED
+            with self._cond:
+                self._busy_since = None
+                self.results[result] += 1
+                if result in {RestartResult.INACTIVE, RestartResult.UNKNOWN_STATE}:
+                    # nothing was done: it does not count against the rate limit
+                    if self._previous is None:
+                        self._last.pop(request.token, None)
+                    else:
+                        self._last[request.token] = self._previous

@@ -1,0 +1,269 @@
+"""One reconcile pass over slot files: read -> decide -> write under the lock -> one event.
+
+Level-triggered and idempotent: every call re-reads the files it is given, so a second pass
+over its own output changes nothing and logs nothing. Problems (unreadable files, unresolved
+runtimes, non-regular files) are reported once per file content, not on every pass.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hal0_reconciler.errors import (
+    EditRefused,
+    LockTimeout,
+    SlotParseError,
+    WriteRefused,
+)
+from hal0_reconciler.model import Action, Catalog, HostFacts, Reason, SlotKey, Verdict
+from hal0_reconciler.settings import Settings
+from hal0_reconciler.slots import document, edit, policy, runtime, store
+from hal0_reconciler.state import DemotionLedger
+
+_log = structlog.get_logger("hal0_reconciler.reconcile")
+
+
+class OutcomeStatus(enum.StrEnum):
+    UNCHANGED = "unchanged"  # kept, with the verdict's reason
+    PENDING = "pending"  # dry run: would be relabelled
+    RELABELED = "relabeled"
+    SKIPPED = "skipped"  # runtime unresolved
+    HANDS_OFF = "hands-off"  # the daemon stopped fighting over this slot
+    UNREADABLE = "unreadable"
+    NOT_REGULAR = "not-regular"
+    WRITE_FAILED = "write-failed"
+    GONE = "gone"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    key: SlotKey
+    path: Path
+    name: str | None
+    token: str | None
+    status: OutcomeStatus
+    verdict: Verdict | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class PassReport:
+    outcomes: tuple[Outcome, ...]
+    duration: float
+
+    @property
+    def relabeled(self) -> tuple[Outcome, ...]:
+        return tuple(o for o in self.outcomes if o.status is OutcomeStatus.RELABELED)
+
+    @property
+    def pending(self) -> tuple[Outcome, ...]:
+        return tuple(o for o in self.outcomes if o.status is OutcomeStatus.PENDING)
+
+    @property
+    def failed(self) -> tuple[Outcome, ...]:
+        return tuple(o for o in self.outcomes if o.status is OutcomeStatus.WRITE_FAILED)
+
+
+def slot_key(path: Path) -> SlotKey:
+    return SlotKey(str(path.absolute()))
+
+
+is_slot_file_name = store.is_slot_file_name
+
+
+class Reconciler:
+    """Applies the policy to slot files. Holds only memory of what it already reported."""
+
+    def __init__(self, settings: Settings, *, ledger: DemotionLedger | None = None) -> None:
+        self._settings = settings
+        self._ledger = ledger if ledger is not None else DemotionLedger(None)
+        self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
+        self._reported: dict[SlotKey, tuple[object, ...]] = {}
+        self._catalog_identity: tuple[int, int, int] | None = None
+        self._catalog: Catalog = store.read_catalog(settings.profiles_file)
+        self._catalog_reported: str | None = None
+
+    def slot_paths(self) -> list[Path]:
+        return store.list_slot_paths(self._settings.slots_dir)
+
+    def reconcile(
+        self,
+        facts: HostFacts,
+        paths: Iterable[Path] | None = None,
+        *,
+        hands_off: Collection[SlotKey] = frozenset(),
+        apply: bool = True,
+    ) -> PassReport:
+        """Reconcile the given slot files (default: every slot). ``apply=False`` is a dry run."""
+        started = time.monotonic()
+        self._refresh_catalog(quiet=not facts.amd)
+        outcomes = []
+        for path in self.slot_paths() if paths is None else paths:
+            key = slot_key(path)
+            if key in hands_off:
+                outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
+                continue
+            outcome = self._reconcile_one(path, key, facts, apply=apply)
+            if facts.amd and apply:
+                self._report(outcome)
+            outcomes.append(outcome)
+        return PassReport(tuple(outcomes), time.monotonic() - started)
+
+    def forget(self, key: SlotKey) -> None:
+        """A slot file went away: forget what was reported about it."""
+        self._reported.pop(key, None)
+
+    # -- one file ---------------------------------------------------------------------------
+
+    def _reconcile_one(
+        self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool
+    ) -> Outcome:
+        read = self._read_and_decide(path, key, facts)
+        if isinstance(read, Outcome):
+            return read
+        doc, verdict, _ = read
+        if verdict.action is Action.SKIP:
+            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.SKIPPED, verdict)
+        if verdict.action is Action.KEEP:
+            self._settle_ledger(key, doc, verdict)
+            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.UNCHANGED, verdict)
+        if not apply or not facts.amd:
+            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.PENDING, verdict)
+        try:
+            with store.slot_write_lock(
+                self._settings.effective_lock_file, timeout=self._settings.lock_timeout
+            ):
+                return self._write_under_lock(path, key, facts)
+        except (LockTimeout, OSError) as exc:
+            return Outcome(
+                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
+            )
+
+    def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
+        # Re-read and decide again: another writer may have changed the file meanwhile.
+        read = self._read_and_decide(path, key, facts)
+        if isinstance(read, Outcome):
+            return read
+        doc, verdict, slot_file = read
+        if verdict.action is not Action.RELABEL or verdict.new is None:
+            status = (
+                OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
+            )
+            return Outcome(key, path, doc.name, doc.token, status, verdict)
+        text = slot_file.data.decode("utf-8")
+        try:
+            result = edit.set_device(text, table=doc.table, new=verdict.new)
+            store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
+        except (EditRefused, WriteRefused, OSError) as exc:
+            return Outcome(
+                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
+            )
+        if verdict.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
+            self._ledger.record(key, slot=doc.name, old=verdict.old)
+        elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
+            self._ledger.drop(key)
+        note = None if result.byte_minimal else result.note
+        return Outcome(key, path, doc.name, doc.token, OutcomeStatus.RELABELED, verdict, note)
+
+    def _read_and_decide(
+        self, path: Path, key: SlotKey, facts: HostFacts
+    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile] | Outcome:
+        try:
+            slot_file = store.read_slot(path)
+        except FileNotFoundError:
+            self.forget(key)
+            return Outcome(key, path, None, None, OutcomeStatus.GONE)
+        except WriteRefused as exc:
+            return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))
+        except OSError as exc:
+            return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        try:
+            text = slot_file.data.decode("utf-8")
+            doc = document.parse_slot(text, stem=path.stem)
+        except UnicodeDecodeError as exc:
+            message = f"not UTF-8: {exc}"
+            return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
+        except SlotParseError as exc:
+            return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        verdict = policy.decide(
+            doc,
+            runtime=runtime.runtime_of(doc, self._catalog),
+            image=runtime.effective_image(doc, self._catalog),
+            facts=facts,
+            validated_images=self._validated,
+            demoted_by_us=key in self._ledger,
+        )
+        return doc, verdict, slot_file
+
+    def _settle_ledger(self, key: SlotKey, doc: document.SlotDoc, verdict: Verdict) -> None:
+        """Forget a demotion of ours once the operator moved the slot off ``cpu``."""
+        if key in self._ledger and verdict.old != "cpu":
+            self._ledger.drop(key)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _refresh_catalog(self, *, quiet: bool) -> None:
+        try:
+            st = self._settings.profiles_file.stat()
+            identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            identity = None
+        if identity != self._catalog_identity:
+            self._catalog_identity = identity
+            self._catalog = store.read_catalog(self._settings.profiles_file)
+        error = self._catalog.error
+        if error is not None and error != self._catalog_reported and not quiet:
+            _log.error("profiles.unreadable", path=str(self._settings.profiles_file), error=error)
+        self._catalog_reported = error
+
+    def _report(self, o: Outcome) -> None:
+        """Log one event per decision that matters; problems only when they first appear."""
+        fields = {"slot": o.name, "path": str(o.path)}
+        if o.status is OutcomeStatus.RELABELED and o.verdict is not None:
+            self._reported.pop(o.key, None)
+            v = o.verdict
+            change = {"old": v.old, "new": v.new, "reason": v.reason.value}
+            if v.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
+                _log.warning(
+                    "slot.demoted_to_cpu",
+                    **fields,
+                    **change,
+                    behaviour_change="the slot leaves the GPU and runs on the CPU, much slower",
+                )
+            elif v.reason is Reason.RESTORE_OWN_DEMOTION:
+                _log.info("slot.restored_to_rocm", **fields, **change)
+            else:
+                _log.info("slot.relabeled", **fields, **change)
+            if o.message is not None:
+                _log.warning("slot.comments_lost", **fields, reason=o.message)
+            return
+        if o.status is OutcomeStatus.WRITE_FAILED:
+            _log.error("slot.write_failed", **fields, error=o.message)
+            return
+        problem: tuple[object, ...] | None = None
+        if o.status in (OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR):
+            problem = (o.status, o.message)
+        elif o.status is OutcomeStatus.SKIPPED:
+            problem = (o.status, o.name)
+        if problem is None:
+            self._reported.pop(o.key, None)
+            return
+        if self._reported.get(o.key) == problem:
+            return
+        self._reported[o.key] = problem
+        if o.status is OutcomeStatus.UNREADABLE:
+            _log.error("slot.unreadable", path=str(o.path), error=o.message)
+        elif o.status is OutcomeStatus.NOT_REGULAR:
+            _log.warning("slot.not_regular_file", path=str(o.path), error=o.message)
+        else:
+            _log.warning(
+                "slot.runtime_unresolved",
+                **fields,
+                reason="the profile's runtime family is unknown or the profile cannot be read",
+            )

@@ -1,0 +1,156 @@
+"""The slots directory on disk: list, read, lock and replace slot files. The only slot writer.
+
+Reads never follow symlinks and never block on a FIFO. Writes happen under hal0's slot write
+lock (an exclusive ``flock`` on ``<slots_dir>.lock``), keep the replaced file's owner, group
+and mode, and are atomic (``fsio.write_atomically``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hal0_reconciler import fsio
+from hal0_reconciler.errors import LockTimeout, WriteRefused
+from hal0_reconciler.model import Catalog
+from hal0_reconciler.slots import runtime
+
+_EDITOR_LITTER = ("~", ".swp", ".swx", ".tmp")
+
+
+def is_slot_file_name(name: str) -> bool:
+    """``*.toml`` files are slots; hidden files and editor/writer temp files are not."""
+    return name.endswith(".toml") and not name.startswith(".") and not name.endswith(_EDITOR_LITTER)
+
+
+def list_slot_paths(slots_dir: Path) -> list[Path]:
+    """Every slot file name in the directory (whatever kind of file it is), sorted."""
+    try:
+        names = os.listdir(slots_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(slots_dir / n for n in names if is_slot_file_name(n))
+
+
+@dataclass(frozen=True)
+class SlotFile:
+    """A slot file's bytes and the identity they were read from."""
+
+    data: bytes
+    stat: os.stat_result
+
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        st = self.stat
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_slot(path: Path) -> SlotFile:
+    """Read a regular slot file without following a symlink or blocking on a FIFO.
+
+    Raises FileNotFoundError when it is gone and WriteRefused when it is not a regular file.
+    """
+    before = os.lstat(path)  # never open a device node, FIFO or socket that sits in the folder
+    if not stat.S_ISREG(before.st_mode):
+        raise WriteRefused(f"{path}: {_kind_of_mode(before.st_mode)}, not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WriteRefused(f"{path}: is a symlink; slot files are never followed") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise WriteRefused(f"{path}: {_kind(path)}, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise WriteRefused(f"{path}: {_kind_of_mode(st.st_mode)}, not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return SlotFile(b"".join(chunks), st)
+    finally:
+        os.close(fd)
+
+
+def replace_slot(path: Path, data: bytes, *, like: os.stat_result) -> None:
+    """Atomically replace a slot file, keeping the owner, group and mode of ``like``.
+
+    Refuses when the path is no longer the regular file that was read (a symlink or other
+    kind of file was put there meanwhile).
+    """
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        raise WriteRefused(f"{path}: vanished before it could be replaced") from None
+    if not stat.S_ISREG(now.st_mode):
+        raise WriteRefused(f"{path}: {_kind_of_mode(now.st_mode)}, not a regular file")
+    fsio.write_atomically(
+        path, data, mode=stat.S_IMODE(like.st_mode), uid=like.st_uid, gid=like.st_gid
+    )
+
+
+@contextmanager
+def slot_write_lock(lock_file: Path, *, timeout: float) -> Iterator[None]:
+    """Hold hal0's slot write lock (exclusive flock), waiting at most ``timeout`` seconds."""
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o664)
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(
+                        f"{lock_file}: slot write lock still held by another writer after "
+                        f"{timeout:g}s"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def read_catalog(profiles_file: Path) -> Catalog:
+    """hal0's profile catalog: built-ins, overlaid by the profiles file when it exists."""
+    try:
+        with profiles_file.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        return runtime.catalog_from_profiles({})
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return Catalog(dict(runtime.BUILTIN_PROFILES), error=f"{profiles_file}: {exc}")
+    return runtime.catalog_from_profiles(data)
+
+
+def _kind(path: Path) -> str:
+    try:
+        return _kind_of_mode(os.lstat(path).st_mode)
+    except OSError:
+        return "unreadable"
+
+
+def _kind_of_mode(mode: int) -> str:
+    kinds = (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

@@ -1,0 +1,86 @@
+"""What the reconciler remembers across restarts: the slots it demoted to cpu itself.
+
+Kept in ``<state_dir>/demotions.json`` (atomic writes). When the ROCm lane is usable again,
+those slots go back to gpu-rocm; a slot the operator changed since is dropped from the record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hal0_reconciler import fsio
+from hal0_reconciler.model import SlotKey
+
+_log = structlog.get_logger("hal0_reconciler.state")
+
+
+@dataclass(frozen=True)
+class Demotion:
+    slot: str
+    old: str
+    at: float
+
+
+class DemotionLedger:
+    """The reconciler's own demotions, by slot key. Writes through to disk on every change.
+
+    A ledger that cannot be written keeps working in memory and says so once.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._entries: dict[SlotKey, Demotion] = {}
+        self._write_failed = False
+        if path is not None:
+            self._entries = _read(path)
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path) -> DemotionLedger:
+        return cls(state_dir / "demotions.json")
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self) -> frozenset[SlotKey]:
+        return frozenset(self._entries)
+
+    def record(self, key: SlotKey, *, slot: str, old: str) -> None:
+        self._entries[key] = Demotion(slot, old, time.time())
+        self._save()
+
+    def drop(self, key: SlotKey) -> None:
+        if self._entries.pop(key, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        payload = {k: {"slot": d.slot, "old": d.old, "at": d.at} for k, d in self._entries.items()}
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            fsio.write_atomically(self._path, json.dumps(payload, indent=1).encode(), mode=0o644)
+        except OSError as exc:
+            if not self._write_failed:
+                _log.warning("state.write_failed", path=str(self._path), error=str(exc))
+            self._write_failed = True
+        else:
+            self._write_failed = False
+
+
+def _read(path: Path) -> dict[SlotKey, Demotion]:
+    try:
+        raw = json.loads(path.read_bytes())
+        return {
+            SlotKey(k): Demotion(str(v["slot"]), str(v["old"]), float(v["at"]))
+            for k, v in raw.items()
+        }
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        _log.warning("state.unreadable", path=str(path), error=str(exc))
+        return {}

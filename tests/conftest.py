@@ -1,0 +1,51 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import settings as settings_mod
+
+from helpers.hosts import DATA
+
+
+@pytest.fixture
+def host_dirs(tmp_path: Path) -> dict[str, Path]:
+    """Temp stand-ins for every host path, nothing in them yet (a non-AMD host)."""
+    dirs = {
+        "slots_dir": tmp_path / "etc/hal0/slots",
+        "state_dir": tmp_path / "var/lib/hal0-reconciler",
+        "runtime_dir": tmp_path / "run/hal0-reconciler",
+        "amdgpu_module_dir": tmp_path / "sys/module/amdgpu",
+        "kfd_path": tmp_path / "dev/kfd",
+        "dri_dir": tmp_path / "dev/dri",
+        "profiles_file": tmp_path / "etc/hal0/profiles.toml",
+    }
+    dirs["slots_dir"].mkdir(parents=True)
+    dirs["dri_dir"].mkdir(parents=True)
+    return dirs
+
+
+@pytest.fixture
+def make_settings(host_dirs: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """Build Settings on the temp host paths, with overrides."""
+
+    def make(**overrides: object) -> settings_mod.Settings:
+        values: dict[str, object] = {k: str(v) for k, v in host_dirs.items()}
+        values["service_user"] = "54321:54321"
+        values["lock_timeout"] = 2.0
+        values.update(overrides)
+        return settings_mod.load(None, values)
+
+    return make
+
+
+@pytest.fixture
+def seeded_slots(host_dirs: dict[str, Path]) -> Path:
+    """The project's own slot files, copied into the temp slots directory."""
+    for f in sorted((DATA / "slots").glob("*.toml")):
+        shutil.copy2(f, host_dirs["slots_dir"] / f.name)
+    return host_dirs["slots_dir"]

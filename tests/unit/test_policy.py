@@ -1,0 +1,141 @@
+"""The rule the reconciler enforces, as a decision table (hal0-contract.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hal0_reconciler.model import (
+    Action,
+    DeviceSource,
+    HostFacts,
+    LaneState,
+    Reason,
+    Runtime,
+    Verdict,
+)
+from hal0_reconciler.slots import policy
+from hal0_reconciler.slots.document import SlotDoc
+
+VALIDATED = frozenset({"ghcr.io/hal0ai/hal0-combined:0822"})
+USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
+UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
+UNSETTLED = HostFacts(amd=True, lane=LaneState.UNSETTLED)
+NOT_AMD = HostFacts(amd=False, lane=LaneState.UNUSABLE)
+
+
+def slot(device: str = "gpu-vulkan") -> SlotDoc:
+    return SlotDoc(
+        data={}, table=(), name="s", id=None, type="llm", device=device,
+        device_source=DeviceSource.DEVICE, raw_device=device, backend=None,
+        profile=None, provider=None, image=None,
+    )
+
+
+def decide(device: str, runtime: Runtime, facts: HostFacts, *, image: str | None = None,
+           demoted_by_us: bool = False) -> Verdict:
+    return policy.decide(slot(device), runtime=runtime, image=image, facts=facts,
+                         validated_images=VALIDATED, demoted_by_us=demoted_by_us)
+
+
+RELABEL_ROWS = {
+    "llama.cpp on vulkan, rocm usable -> gpu-rocm": (USABLE, "gpu-rocm", Reason.VULKAN_RETIRED_ROCM_USABLE),
+    "llama.cpp on vulkan, rocm unusable -> cpu": (UNUSABLE, "cpu", Reason.VULKAN_RETIRED_ROCM_UNUSABLE),
+}
+
+
+@pytest.mark.parametrize(("facts", "new", "reason"), list(RELABEL_ROWS.values()), ids=list(RELABEL_ROWS))
+def test_llama_cpp_vulkan_slots_leave_the_retired_lane(facts: HostFacts, new: str, reason: Reason) -> None:
+    """A llama.cpp slot labelled gpu-vulkan goes to gpu-rocm when the lane is usable, else cpu."""
+    expected = Verdict(Action.RELABEL, reason, Runtime.LLAMA_SERVER, "gpu-vulkan", new)
+    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, facts)
+
+
+OTHER_RUNTIMES = [Runtime.FLM, Runtime.QWEN3TTS, Runtime.KOKORO, Runtime.STT, Runtime.COMFYUI]
+
+
+@pytest.mark.parametrize("facts", [USABLE, UNUSABLE], ids=["rocm-usable", "rocm-unusable"])
+@pytest.mark.parametrize("runtime", OTHER_RUNTIMES, ids=[r.value for r in OTHER_RUNTIMES])
+def test_other_runtimes_keep_gpu_vulkan(runtime: Runtime, facts: HostFacts) -> None:
+    """Kokoro, ComfyUI, STT, Qwen3-TTS and FLM slots keep their label on both probe outcomes."""
+    expected = Verdict(Action.KEEP, Reason.NOT_LLAMA_CPP, runtime, "gpu-vulkan")
+    assert expected == decide("gpu-vulkan", runtime, facts)
+
+
+@pytest.mark.parametrize("facts", [USABLE, UNUSABLE], ids=["rocm-usable", "rocm-unusable"])
+@pytest.mark.parametrize("device", ["gpu-rocm", "cpu", "npu", "gpu-cuda", "something-else"])
+def test_non_vulkan_labels_are_never_touched(device: str, facts: HostFacts) -> None:
+    """gpu-rocm, cpu, npu, gpu-cuda (and unknown labels) stay as they are."""
+    expected = Verdict(Action.KEEP, Reason.NOT_VULKAN, Runtime.LLAMA_SERVER, device)
+    assert expected == decide(device, Runtime.LLAMA_SERVER, facts)
+
+
+def test_validated_image_keeps_gpu_vulkan() -> None:
+    """A slot whose effective image is on the Vulkan-validated allowlist keeps gpu-vulkan."""
+    expected = Verdict(Action.KEEP, Reason.VULKAN_VALIDATED_IMAGE, Runtime.LLAMA_SERVER, "gpu-vulkan")
+    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, USABLE,
+                              image="ghcr.io/hal0ai/hal0-combined:0822")
+
+
+@pytest.mark.parametrize("image", [None, "", "ghcr.io/hal0ai/hal0-combined:0821"])
+def test_unknown_or_other_image_fails_closed(image: str | None) -> None:
+    """When the image is unknown or not allowlisted, the slot is relabelled (fail closed)."""
+    assert Action.RELABEL == decide("gpu-vulkan", Runtime.LLAMA_SERVER, USABLE, image=image).action
+
+
+@pytest.mark.parametrize("device", ["gpu-vulkan", "cpu", "gpu-rocm"])
+def test_non_amd_host_is_a_no_op(device: str) -> None:
+    """On a host without amdgpu nothing is relabelled, whatever the slot says."""
+    expected = Verdict(Action.KEEP, Reason.NOT_AMD_HOST, Runtime.LLAMA_SERVER, device)
+    assert expected == decide(device, Runtime.LLAMA_SERVER, NOT_AMD, demoted_by_us=True)
+
+
+def test_unresolved_runtime_is_skipped() -> None:
+    """A slot whose runtime cannot be resolved is skipped, not relabelled."""
+    expected = Verdict(Action.SKIP, Reason.RUNTIME_UNRESOLVED, Runtime.UNRESOLVED, "gpu-vulkan")
+    assert expected == decide("gpu-vulkan", Runtime.UNRESOLVED, UNUSABLE)
+
+
+def test_demotion_waits_for_the_grace() -> None:
+    """While the lane is unsettled (unusable, within the grace) a vulkan slot is not demoted."""
+    expected = Verdict(Action.KEEP, Reason.DEMOTION_GRACE, Runtime.LLAMA_SERVER, "gpu-vulkan")
+    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, UNSETTLED)
+
+
+def test_own_demotion_is_restored_when_the_lane_is_usable() -> None:
+    """A slot the reconciler demoted to cpu goes to gpu-rocm once the lane is usable again."""
+    expected = Verdict(Action.RELABEL, Reason.RESTORE_OWN_DEMOTION, Runtime.LLAMA_SERVER, "cpu", "gpu-rocm")
+    assert expected == decide("cpu", Runtime.LLAMA_SERVER, USABLE, demoted_by_us=True)
+
+
+@pytest.mark.parametrize("facts", [UNUSABLE, UNSETTLED], ids=["unusable", "unsettled"])
+def test_own_demotion_stays_while_the_lane_is_not_usable(facts: HostFacts) -> None:
+    """A demoted slot stays on cpu while the lane is not usable."""
+    assert Action.KEEP == decide("cpu", Runtime.LLAMA_SERVER, facts, demoted_by_us=True).action
+
+
+def test_operator_cpu_slot_is_not_promoted() -> None:
+    """A slot an operator put on cpu (not demoted by us) stays on cpu."""
+    assert Action.KEEP == decide("cpu", Runtime.LLAMA_SERVER, USABLE).action
+
+
+@pytest.mark.parametrize("facts", [USABLE, UNUSABLE, UNSETTLED, NOT_AMD])
+@pytest.mark.parametrize("device", ["gpu-rocm", "cpu", "npu", "gpu-cuda", "gpu-vulkan"])
+@pytest.mark.parametrize("runtime", list(Runtime))
+@pytest.mark.parametrize("demoted", [True, False])
+def test_never_relabels_to_gpu_vulkan(runtime: Runtime, device: str, facts: HostFacts, demoted: bool) -> None:
+    """Whatever the inputs, the decision never produces gpu-vulkan."""
+    verdict = decide(device, runtime, facts, demoted_by_us=demoted)
+    assert verdict.new != "gpu-vulkan"
+    assert (verdict.new is None) == (verdict.action is not Action.RELABEL)
+
+
+def test_the_decision_is_pure() -> None:
+    """Deciding twice on the same inputs gives the same verdict and leaves the slot alone."""
+    doc = slot()
+    before = dataclasses.replace(doc)
+    first = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED)
+    second = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED)
+    assert first == second
+    assert before == doc
