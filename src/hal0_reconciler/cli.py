@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import __version__, _log, settings
-from hal0_reconciler.errors import ReconcilerError
+from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
@@ -40,14 +40,24 @@ _PATH_FLAGS = {
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, help="settings file (default /etc/hal0/reconciler.toml)")
+    common.add_argument(
+        "--config", type=Path, help="settings file (default /etc/hal0/reconciler.toml)"
+    )
     for field, text in _PATH_FLAGS.items():
         common.add_argument("--" + field.replace("_", "-"), dest=field, type=Path, help=text)
-    common.add_argument("--user", dest="service_user", help="service user the probe runs as (name or uid[:gid[:groups]])")
+    common.add_argument(
+        "--user",
+        dest="service_user",
+        help="service user the probe runs as (name or uid[:gid[:groups]])",
+    )
     common.add_argument("--log-format", choices=[f.value for f in settings.LogFormat])
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     common.add_argument(
-        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override any top-level setting, e.g. --set demote_grace=10",
     )
 
@@ -93,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-def _dispatch(args: argparse.Namespace, current: settings.Settings, overrides: dict[str, Any]) -> int:
+def _dispatch(
+    args: argparse.Namespace, current: settings.Settings, overrides: dict[str, Any]
+) -> int:
     verb: str = args.verb
     if verb == "once":
         return _once(current)
@@ -121,7 +133,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.assignments:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise settings.SettingsError(f"--set {item!r}: expected KEY=VALUE")
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key.strip()] = value
     for field in (*_PATH_FLAGS, "service_user", "log_format", "log_level"):
         value = getattr(args, field, None)
@@ -207,7 +219,10 @@ def _plan_table(report: PassReport, facts: HostFacts) -> str:
 def _plan_json(report: PassReport, facts: HostFacts) -> dict[str, Any]:
     return {
         "host": {"amd": facts.amd, "rocm_lane": facts.lane.value, "reason": facts.lane_reason},
-        "slots": [{"path": str(o.path), **row} for o, row in zip(report.outcomes, _plan_rows(report), strict=True)],
+        "slots": [
+            {"path": str(o.path), **row}
+            for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
+        ],
         "pending": len(report.pending),
     }
 

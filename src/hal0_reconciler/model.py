@@ -161,4 +161,6 @@ class Catalog:
     """hal0's profile catalog: built-in profiles overlaid by the profiles file."""
 
     profiles: dict[str, ProfileInfo] = field(default_factory=dict)
-    error: str | None = None  # the profiles file could not be read: every profiled slot is unresolved
+    error: str | None = (
+        None  # the profiles file could not be read: every profiled slot is unresolved
+    )

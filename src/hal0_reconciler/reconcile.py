@@ -121,9 +121,7 @@ class Reconciler:
 
     # -- one file ---------------------------------------------------------------------------
 
-    def _reconcile_one(
-        self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool
-    ) -> Outcome:
+    def _reconcile_one(self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool) -> Outcome:
         read = self._read_and_decide(path, key, facts)
         if isinstance(read, Outcome):
             return read
@@ -131,9 +129,9 @@ class Reconciler:
         if verdict.action is Action.SKIP:
             return Outcome(key, path, doc.name, doc.token, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:
-            self._settle_ledger(key, doc, verdict)
+            self._settle_ledger(key, verdict)
             return Outcome(key, path, doc.name, doc.token, OutcomeStatus.UNCHANGED, verdict)
-        if not apply or not facts.amd:
+        if not apply:
             return Outcome(key, path, doc.name, doc.token, OutcomeStatus.PENDING, verdict)
         try:
             with store.slot_write_lock(
@@ -201,7 +199,7 @@ class Reconciler:
         )
         return doc, verdict, slot_file
 
-    def _settle_ledger(self, key: SlotKey, doc: document.SlotDoc, verdict: Verdict) -> None:
+    def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:
         """Forget a demotion of ours once the operator moved the slot off ``cpu``."""
         if key in self._ledger and verdict.old != "cpu":
             self._ledger.drop(key)

@@ -51,15 +51,18 @@ class AiterTree:
     """One aiter install and the environments that boot from it."""
 
     package_dir: Path  # the installed `aiter/` package folder; its `configs/` holds the tables
+    name: str = ""  # label in logs and reports; empty: the package folder
     jit_dir: Path | None = None  # None: aiter's own rule ($AITER_JIT_DIR, <pkg>/jit, ~/.aiter/jit)
     target: str = "auto"  # "auto" (KFD topology, GPU_ARCHS / CU_NUM) or "gfx942:304"
     base_env: dict[str, str] = field(default_factory=dict)
     slot_envs: bool = True  # also check every slot whose [server].env sets AITER_* variables
+    routing_version: str = ""  # aiter version key in the routing data; empty: its `default`
 
 
 @dataclass(frozen=True, kw_only=True)
 class AiterSettings:
     trees: tuple[AiterTree, ...] = ()
+    heal: bool = True  # the daemon invalidates stale modules; False: report only
     heal_shape_keyed: bool = False  # a shape-keyed miss is a silent slow fallback: warn only
     keep_quarantines: int = 3
     routing_file: Path | None = None  # operator override of the shipped routing data
@@ -175,32 +178,32 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
         return dict(value)
     try:
         if hint is Path:
-            return Path(_expect(value, str, name))
+            return Path(_expect(value, str))
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             return hint(value)
         if hint is float:
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
+            return float(_expect(value, float))
         if hint is int:
-            return int(_expect(value, int, name))
+            return int(_expect(value, int))
         if hint is bool:
-            return _expect(value, bool, name)
+            return _expect(value, bool)
         if hint is str:
-            return _expect(value, str, name)
+            return _expect(value, str)
     except (TypeError, ValueError) as exc:
         detail = f": {exc}" if str(exc) else ""
         raise SettingsError(f"setting {name!r} has a bad value {value!r}{detail}") from None
     raise SettingsError(f"setting {name!r}: unsupported type {hint!r}")  # pragma: no cover
 
 
-def _expect(value: Any, kind: type, name: str) -> Any:
+def _expect(value: Any, kind: type) -> Any:
+    """``value`` as ``kind``; command-line overrides arrive as text and are converted."""
     if isinstance(value, str) and kind is not str:
-        # command-line overrides arrive as text
         if kind is bool and value.lower() in {"true", "false"}:
             return value.lower() == "true"
-        if kind is int:
-            return int(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if kind in (int, float):
+            return kind(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise TypeError(f"expected {kind.__name__}")
     return value

@@ -42,7 +42,9 @@ def expected_text(old: bytes, new_device: str) -> bytes:
 
 
 @pytest.mark.parametrize(("facts", "target"), [(ROCM_USABLE, "gpu-rocm"), (ROCM_UNUSABLE, "cpu")])
-def test_pass_relabels_exactly_the_llama_cpp_vulkan_slots(seeded_slots: Path, make_settings, facts: HostFacts, target: str) -> None:
+def test_pass_relabels_exactly_the_llama_cpp_vulkan_slots(
+    seeded_slots: Path, make_settings, facts: HostFacts, target: str
+) -> None:
     """Every llama.cpp vulkan slot moves, byte-minimally; every other file keeps its bytes."""
     before = snapshot(seeded_slots)
     report = Reconciler(make_settings()).reconcile(facts)
@@ -96,7 +98,9 @@ def test_non_amd_host_touches_nothing_and_says_nothing(seeded_slots: Path, make_
     assert () == report.relabeled
 
 
-def test_unreadable_file_is_reported_once_and_left_untouched(seeded_slots: Path, make_settings) -> None:
+def test_unreadable_file_is_reported_once_and_left_untouched(
+    seeded_slots: Path, make_settings
+) -> None:
     """A file that cannot be parsed or decoded is reported by path and left byte-for-byte."""
     bad_toml = seeded_slots / "bad.toml"
     bad_toml.write_bytes(b'name = "bad"\ndevice = "gpu-vulkan\n')
@@ -114,10 +118,14 @@ def test_unreadable_file_is_reported_once_and_left_untouched(seeded_slots: Path,
     assert RELABELLED == {o.path.stem for o in report.relabeled} - {"0042"}
 
 
-def test_unresolved_runtime_is_reported_once(seeded_slots: Path, make_settings, host_dirs: dict[str, Path]) -> None:
+def test_unresolved_runtime_is_reported_once(
+    seeded_slots: Path, make_settings, host_dirs: dict[str, Path]
+) -> None:
     """A slot whose profile names an unknown runtime family is skipped and reported once."""
     host_dirs["profiles_file"].write_text('[profile.exotic]\nruntime_family = "vllm"\n')
-    (seeded_slots / "exotic.toml").write_text('name = "exotic"\ndevice = "gpu-vulkan"\nprofile = "exotic"\n')
+    (seeded_slots / "exotic.toml").write_text(
+        'name = "exotic"\ndevice = "gpu-vulkan"\nprofile = "exotic"\n'
+    )
     reconciler = Reconciler(make_settings())
     with structlog.testing.capture_logs() as logs:
         first = reconciler.reconcile(ROCM_USABLE)
@@ -127,7 +135,9 @@ def test_unresolved_runtime_is_reported_once(seeded_slots: Path, make_settings, 
     assert 'device = "gpu-vulkan"' in (seeded_slots / "exotic.toml").read_text()
 
 
-def test_own_demotions_are_restored_and_operator_changes_win(seeded_slots: Path, make_settings, host_dirs: dict[str, Path]) -> None:
+def test_own_demotions_are_restored_and_operator_changes_win(
+    seeded_slots: Path, make_settings, host_dirs: dict[str, Path]
+) -> None:
     """Slots demoted to cpu by us return to gpu-rocm with the lane; an operator's choice drops the record."""
     settings = make_settings()
     ledger = DemotionLedger.in_state_dir(host_dirs["state_dir"])
@@ -208,13 +218,17 @@ def test_lock_holders_edits_are_never_lost(seeded_slots: Path, make_settings) ->
 
 
 @pytest.mark.timeout(30)
-def test_lock_timeout_is_a_write_failure_and_loses_nothing(seeded_slots: Path, make_settings) -> None:
+def test_lock_timeout_is_a_write_failure_and_loses_nothing(
+    seeded_slots: Path, make_settings
+) -> None:
     """When the lock is never released in time, the file is untouched and the failure logged."""
     settings = make_settings(lock_timeout=0.3)
     hold = "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(10)"
     coder = seeded_slots / "coder.toml"
     before = coder.read_bytes()
-    with subprocess.Popen([sys.executable, "-c", hold, str(settings.effective_lock_file)], stdout=subprocess.PIPE) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(settings.effective_lock_file)], stdout=subprocess.PIPE
+    ) as holder:
         assert holder.stdout is not None
         holder.stdout.readline()
         try:
@@ -227,7 +241,9 @@ def test_lock_timeout_is_a_write_failure_and_loses_nothing(seeded_slots: Path, m
     assert ["slot.write_failed"] == [e["event"] for e in logs]
 
 
-def test_symlinked_slot_is_reported_and_its_target_untouched(seeded_slots: Path, make_settings, tmp_path: Path) -> None:
+def test_symlinked_slot_is_reported_and_its_target_untouched(
+    seeded_slots: Path, make_settings, tmp_path: Path
+) -> None:
     """A slot path that is a symlink is reported and skipped; the pass goes on."""
     outside = tmp_path / "outside.toml"
     outside.write_text('name = "outside"\ndevice = "gpu-vulkan"\n')
@@ -235,7 +251,9 @@ def test_symlinked_slot_is_reported_and_its_target_untouched(seeded_slots: Path,
     with structlog.testing.capture_logs() as logs:
         report = Reconciler(make_settings()).reconcile(ROCM_USABLE)
     assert 'device = "gpu-vulkan"' in outside.read_text()
-    assert [str(seeded_slots / "linked.toml")] == [e["path"] for e in logs if e["event"] == "slot.not_regular_file"]
+    assert [str(seeded_slots / "linked.toml")] == [
+        e["path"] for e in logs if e["event"] == "slot.not_regular_file"
+    ]
     assert RELABELLED == {o.path.stem for o in report.relabeled}
 
 
@@ -250,7 +268,9 @@ def test_rewrite_keeps_hal0s_owner_and_mode(seeded_slots: Path, make_settings) -
     assert (999, 998, 0o600) == (st.st_uid, st.st_gid, st.st_mode & 0o7777)
 
 
-def test_real_hal0_seed_slots_are_relabelled_byte_minimally(host_dirs: dict[str, Path], make_settings) -> None:
+def test_real_hal0_seed_slots_are_relabelled_byte_minimally(
+    host_dirs: dict[str, Path], make_settings
+) -> None:
     """On hal0's own seed files, only the device value differs and the long comments survive."""
     seeds = shared_path("fixtures", "hal0", "slots")
     for f in seeds.glob("*.toml"):

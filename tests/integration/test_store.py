@@ -65,7 +65,8 @@ def _make_chardev(p: Path) -> None:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
-    "make", [_make_fifo, _make_dir, _make_symlink, _make_chardev],
+    "make",
+    [_make_fifo, _make_dir, _make_symlink, _make_chardev],
     ids=["fifo", "directory", "symlink", "char-device"],
 )
 def test_non_regular_slot_paths_are_refused_without_blocking(tmp_path: Path, make) -> None:
@@ -105,7 +106,9 @@ def test_replace_refuses_a_path_that_became_a_symlink(tmp_path: Path) -> None:
     assert b"precious\n" == target.read_bytes()
 
 
-def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_leaves_the_old_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write that fails before the rename leaves the old bytes and removes its temp file."""
     path = tmp_path / "a.toml"
     path.write_bytes(b"old\n")
@@ -146,7 +149,9 @@ HOLD_LOCK = textwrap.dedent(
 def test_lock_waits_for_another_process(tmp_path: Path) -> None:
     """The write lock is hal0's flock: while another process holds it, we wait."""
     lock = tmp_path / "slots.lock"
-    with subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock), "0.6"], stdout=subprocess.PIPE) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock), "0.6"], stdout=subprocess.PIPE
+    ) as holder:
         assert holder.stdout is not None
         assert b"locked\n" == holder.stdout.readline()
         started = time.monotonic()
@@ -160,11 +165,16 @@ def test_lock_waits_for_another_process(tmp_path: Path) -> None:
 def test_lock_wait_is_bounded(tmp_path: Path) -> None:
     """When the lock is held too long, LockTimeout names the lock file."""
     lock = tmp_path / "slots.lock"
-    with subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock), "5"], stdout=subprocess.PIPE) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock), "5"], stdout=subprocess.PIPE
+    ) as holder:
         assert holder.stdout is not None
         holder.stdout.readline()
         try:
-            with pytest.raises(LockTimeout, match="slots.lock"), store.slot_write_lock(lock, timeout=0.3):
+            with (
+                pytest.raises(LockTimeout, match="slots.lock"),
+                store.slot_write_lock(lock, timeout=0.3),
+            ):
                 pass
         finally:
             holder.kill()

@@ -27,26 +27,59 @@ NOT_AMD = HostFacts(amd=False, lane=LaneState.UNUSABLE)
 
 def slot(device: str = "gpu-vulkan") -> SlotDoc:
     return SlotDoc(
-        data={}, table=(), name="s", id=None, type="llm", device=device,
-        device_source=DeviceSource.DEVICE, raw_device=device, backend=None,
-        profile=None, provider=None, image=None,
+        data={},
+        table=(),
+        name="s",
+        id=None,
+        type="llm",
+        device=device,
+        device_source=DeviceSource.DEVICE,
+        raw_device=device,
+        backend=None,
+        profile=None,
+        provider=None,
+        image=None,
     )
 
 
-def decide(device: str, runtime: Runtime, facts: HostFacts, *, image: str | None = None,
-           demoted_by_us: bool = False) -> Verdict:
-    return policy.decide(slot(device), runtime=runtime, image=image, facts=facts,
-                         validated_images=VALIDATED, demoted_by_us=demoted_by_us)
+def decide(
+    device: str,
+    runtime: Runtime,
+    facts: HostFacts,
+    *,
+    image: str | None = None,
+    demoted_by_us: bool = False,
+) -> Verdict:
+    return policy.decide(
+        slot(device),
+        runtime=runtime,
+        image=image,
+        facts=facts,
+        validated_images=VALIDATED,
+        demoted_by_us=demoted_by_us,
+    )
 
 
 RELABEL_ROWS = {
-    "llama.cpp on vulkan, rocm usable -> gpu-rocm": (USABLE, "gpu-rocm", Reason.VULKAN_RETIRED_ROCM_USABLE),
-    "llama.cpp on vulkan, rocm unusable -> cpu": (UNUSABLE, "cpu", Reason.VULKAN_RETIRED_ROCM_UNUSABLE),
+    "llama.cpp on vulkan, rocm usable -> gpu-rocm": (
+        USABLE,
+        "gpu-rocm",
+        Reason.VULKAN_RETIRED_ROCM_USABLE,
+    ),
+    "llama.cpp on vulkan, rocm unusable -> cpu": (
+        UNUSABLE,
+        "cpu",
+        Reason.VULKAN_RETIRED_ROCM_UNUSABLE,
+    ),
 }
 
 
-@pytest.mark.parametrize(("facts", "new", "reason"), list(RELABEL_ROWS.values()), ids=list(RELABEL_ROWS))
-def test_llama_cpp_vulkan_slots_leave_the_retired_lane(facts: HostFacts, new: str, reason: Reason) -> None:
+@pytest.mark.parametrize(
+    ("facts", "new", "reason"), list(RELABEL_ROWS.values()), ids=list(RELABEL_ROWS)
+)
+def test_llama_cpp_vulkan_slots_leave_the_retired_lane(
+    facts: HostFacts, new: str, reason: Reason
+) -> None:
     """A llama.cpp slot labelled gpu-vulkan goes to gpu-rocm when the lane is usable, else cpu."""
     expected = Verdict(Action.RELABEL, reason, Runtime.LLAMA_SERVER, "gpu-vulkan", new)
     assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, facts)
@@ -73,9 +106,12 @@ def test_non_vulkan_labels_are_never_touched(device: str, facts: HostFacts) -> N
 
 def test_validated_image_keeps_gpu_vulkan() -> None:
     """A slot whose effective image is on the Vulkan-validated allowlist keeps gpu-vulkan."""
-    expected = Verdict(Action.KEEP, Reason.VULKAN_VALIDATED_IMAGE, Runtime.LLAMA_SERVER, "gpu-vulkan")
-    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, USABLE,
-                              image="ghcr.io/hal0ai/hal0-combined:0822")
+    expected = Verdict(
+        Action.KEEP, Reason.VULKAN_VALIDATED_IMAGE, Runtime.LLAMA_SERVER, "gpu-vulkan"
+    )
+    assert expected == decide(
+        "gpu-vulkan", Runtime.LLAMA_SERVER, USABLE, image="ghcr.io/hal0ai/hal0-combined:0822"
+    )
 
 
 @pytest.mark.parametrize("image", [None, "", "ghcr.io/hal0ai/hal0-combined:0821"])
@@ -105,7 +141,9 @@ def test_demotion_waits_for_the_grace() -> None:
 
 def test_own_demotion_is_restored_when_the_lane_is_usable() -> None:
     """A slot the reconciler demoted to cpu goes to gpu-rocm once the lane is usable again."""
-    expected = Verdict(Action.RELABEL, Reason.RESTORE_OWN_DEMOTION, Runtime.LLAMA_SERVER, "cpu", "gpu-rocm")
+    expected = Verdict(
+        Action.RELABEL, Reason.RESTORE_OWN_DEMOTION, Runtime.LLAMA_SERVER, "cpu", "gpu-rocm"
+    )
     assert expected == decide("cpu", Runtime.LLAMA_SERVER, USABLE, demoted_by_us=True)
 
 
@@ -124,7 +162,9 @@ def test_operator_cpu_slot_is_not_promoted() -> None:
 @pytest.mark.parametrize("device", ["gpu-rocm", "cpu", "npu", "gpu-cuda", "gpu-vulkan"])
 @pytest.mark.parametrize("runtime", list(Runtime))
 @pytest.mark.parametrize("demoted", [True, False])
-def test_never_relabels_to_gpu_vulkan(runtime: Runtime, device: str, facts: HostFacts, demoted: bool) -> None:
+def test_never_relabels_to_gpu_vulkan(
+    runtime: Runtime, device: str, facts: HostFacts, demoted: bool
+) -> None:
     """Whatever the inputs, the decision never produces gpu-vulkan."""
     verdict = decide(device, runtime, facts, demoted_by_us=demoted)
     assert verdict.new != "gpu-vulkan"
@@ -135,7 +175,11 @@ def test_the_decision_is_pure() -> None:
     """Deciding twice on the same inputs gives the same verdict and leaves the slot alone."""
     doc = slot()
     before = dataclasses.replace(doc)
-    first = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED)
-    second = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED)
+    first = policy.decide(
+        doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED
+    )
+    second = policy.decide(
+        doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED
+    )
     assert first == second
     assert before == doc

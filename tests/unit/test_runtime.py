@@ -22,12 +22,27 @@ CATALOG = runtime.catalog_from_profiles(
 )
 
 
-def slot(*, type: str | None = "llm", device: str = "gpu-vulkan", profile: str | None = None,
-         provider: str | None = None, image: str | None = None) -> SlotDoc:
+def slot(
+    *,
+    type: str | None = "llm",
+    device: str = "gpu-vulkan",
+    profile: str | None = None,
+    provider: str | None = None,
+    image: str | None = None,
+) -> SlotDoc:
     return SlotDoc(
-        data={}, table=(), name="s", id=None, type=type, device=device,
-        device_source=DeviceSource.DEVICE, raw_device=device, backend=None,
-        profile=profile, provider=provider, image=image,
+        data={},
+        table=(),
+        name="s",
+        id=None,
+        type=type,
+        device=device,
+        device_source=DeviceSource.DEVICE,
+        raw_device=device,
+        backend=None,
+        profile=profile,
+        provider=provider,
+        image=image,
     )
 
 
@@ -86,7 +101,10 @@ def test_effective_image_prefers_the_slot_then_the_profile() -> None:
 
 def test_profiles_file_overlays_builtins() -> None:
     """A profile in the file replaces a built-in's fields it sets and keeps the rest."""
-    assert ProfileInfo("vulkan", None, "example.org/vulkan:override", "vulkan", "gpu") == CATALOG.profiles["vulkan"]
+    assert (
+        ProfileInfo("vulkan", None, "example.org/vulkan:override", "vulkan", "gpu")
+        == CATALOG.profiles["vulkan"]
+    )
 
 
 @pytest.mark.parametrize("data", [{"profile": "nope"}, {"profile": {"x": 3}}])

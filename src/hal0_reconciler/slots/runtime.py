@@ -38,9 +38,23 @@ BUILTIN_PROFILES: Mapping[str, ProfileInfo] = {
         *(
             ProfileInfo(name, None)
             for name in (
-                "chat", "chat-long-context", "dense", "moe", "embedding", "reranking",
-                "cpu-chat", "brain", "chadrock-dense", "chadrock-moe", "thinking", "coding",
-                "promptforge", "kokoro", "moonshine", "qwen3-tts", "comfyui",
+                "chat",
+                "chat-long-context",
+                "dense",
+                "moe",
+                "embedding",
+                "reranking",
+                "cpu-chat",
+                "brain",
+                "chadrock-dense",
+                "chadrock-moe",
+                "thinking",
+                "coding",
+                "promptforge",
+                "kokoro",
+                "moonshine",
+                "qwen3-tts",
+                "comfyui",
             )
         ),
         ProfileInfo("flm", None, "ghcr.io/hal0ai/hal0-toolbox-flm:0.9.43", None, "npu"),

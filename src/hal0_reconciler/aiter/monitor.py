@@ -1,0 +1,229 @@
+"""What the daemon and the CLI call: re-plan every environment, heal per settings, log changes.
+
+``check`` is idempotent and quiet: events are logged only when the verdict they describe changes,
+and an unchanged tree costs ``stat`` calls (tables and modules are read once per change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+import structlog
+
+from hal0_reconciler.aiter import heal, plan, routing, survey
+from hal0_reconciler.settings import Settings
+
+log = structlog.get_logger()
+
+_Fingerprint = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HealResult:
+    """What happened to one JIT folder's heal."""
+
+    jit_dir: PurePath
+    modules: tuple[str, ...]
+    quarantine: str | None = None
+    refused: tuple[str, ...] = ()  # builds in progress: retry later
+    error: str | None = None
+    still_mapped: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MonitorReport:
+    plans: tuple[plan.EnvPlan, ...]
+    heals: tuple[HealResult, ...] = ()
+    errors: tuple[str, ...] = ()
+    changed: bool = False  # some verdict differs from the previous check
+
+    @property
+    def heal_pending(self) -> bool:
+        return any(p.heal_pending for p in self.plans)
+
+    @property
+    def not_converging(self) -> bool:
+        return any(m.action is plan.Action.STUCK for p in self.plans for m in p.modules)
+
+    @property
+    def retry_soon(self) -> bool:
+        """A heal was refused because a build runs: check again after a while."""
+        return any(h.refused for h in self.heals)
+
+
+class AiterMonitor:
+    """One per process. Holds the caches and the last verdicts between checks."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state_dir = settings.state_dir / "aiter"
+        self.surveyor = survey.Surveyor(settings, cache_file=self.state_dir / "registry.json")
+        self._memory_file = self.state_dir / "heal-memory.json"
+        self._last: set[_Fingerprint] = set()
+        self._uncovered: set[str] = set()
+
+    def watch_paths(self) -> list[Path]:
+        """Folders whose changes call for a re-plan (non-recursive; never ``build/``)."""
+        paths: list[Path] = []
+        for tree in self.settings.aiter.trees:
+            configs = tree.package_dir / "configs"
+            paths += [configs, configs / "model_configs"]
+            jits = {survey.jit_dir_for(e.tree, e.env)
+                    for e in survey.environments(tree, self.surveyor.slot_envs())}
+            paths += sorted(jits)
+        if self.settings.aiter.trees:
+            paths.append(self.settings.slots_dir)
+        return list(dict.fromkeys(paths))
+
+    def routing(self) -> routing.Routing:
+        """The routing in force (raises OSError or RoutingError)."""
+        version = next((t.routing_version for t in self.settings.aiter.trees if t.routing_version), "")
+        return routing.parse_routing(survey.routing_text(self.settings), version=version)
+
+    def check(self, *, heal: bool) -> MonitorReport:
+        """Re-plan every environment; when ``heal``, invalidate what the plans ask for."""
+        try:
+            rules = self.routing()
+        except (OSError, routing.RoutingError) as exc:
+            fp = ("routing", str(exc))
+            if fp not in self._last:
+                log.error("aiter.routing_unreadable", error=str(exc))
+            self._last = {fp}
+            return MonitorReport((), errors=(f"routing data: {exc}",))
+        memory = heal.load_memory(self._memory_file)
+        plans = self.surveyor.survey(rules, memory)
+        heals: list[HealResult] = []
+        if heal:
+            heals = self._heal(plans, memory)
+            if any(h.quarantine for h in heals):
+                plans = self.surveyor.survey(rules, heal.load_memory(self._memory_file))
+        errors = [h.error for h in heals if h.error]
+        try:
+            self.surveyor.registry.save()
+        except OSError as exc:
+            log.warning("aiter.registry_cache_unwritable", error=str(exc))
+        changed = self._report(plans)
+        return MonitorReport(tuple(plans), tuple(heals), tuple(errors), changed)
+
+    def restore(self, qid: str) -> tuple[heal.Quarantine, heal.Quarantine | None]:
+        """Put quarantine ``qid`` back in whichever JIT folder holds it; the modules are then held
+        (not healed again) until their tables or target change. Raises HealFailed."""
+        jits = self._jit_dirs()
+        holder = next((j for j in jits if (j / heal.QUARANTINE_DIR / qid).is_dir()), None)
+        if holder is None:
+            known = sorted(q.name for j in jits for q in heal.list_quarantines(j))
+            raise heal.HealFailed(f"no quarantine {qid!r} (known: {', '.join(known) or 'none'})")
+        restored, displaced = heal.restore(holder, qid)
+        log.warning("aiter.quarantine_restored", quarantine=qid, jit_dir=str(holder),
+                    modules=list(restored.modules),
+                    displaced=displaced.id if displaced is not None else None)
+        memory = heal.load_memory(self._memory_file)
+        for env_plan in self.surveyor.survey(self.routing(), memory):
+            for mod in env_plan.modules:
+                if mod.module in restored.modules and env_plan.jit_dir == holder:
+                    memory[str(mod.so_path)] = plan.MemoryEntry(
+                        mod.digest, frozenset(m.name for m in mod.missing), "restored", qid)
+        heal.save_memory(self._memory_file, memory)
+        return restored, displaced
+
+    def _jit_dirs(self) -> list[Path]:
+        slots = self.surveyor.slot_envs()
+        return list(dict.fromkeys(
+            survey.jit_dir_for(e.tree, e.env)
+            for t in self.settings.aiter.trees for e in survey.environments(t, slots)))
+
+    def _heal(self, plans: list[plan.EnvPlan],
+              memory: dict[str, plan.MemoryEntry]) -> list[HealResult]:
+        results: list[HealResult] = []
+        packages = {p.jit_dir: t.package_dir for t in self.settings.aiter.trees for p in plans
+                    if p.tree == survey.tree_label(t)}
+        for jit, mods in plan.heal_set(plans).items():
+            jit_dir = Path(jit)
+            names = tuple(sorted(mods))
+            busy = heal.build_activity(jit_dir, packages.get(jit, jit_dir), names)
+            if busy:
+                log.warning("aiter.heal_refused_build_running", jit_dir=str(jit_dir),
+                            modules=list(names), busy=busy)
+                results.append(HealResult(jit_dir, names, refused=tuple(busy)))
+                continue
+            holders = heal.mapped_by(Path(m.so_path) for m in mods.values())
+            try:
+                q = heal.quarantine(jit_dir, mods)
+            except heal.HealFailed as exc:
+                log.error("aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names),
+                          error=str(exc))
+                results.append(HealResult(jit_dir, names, error=str(exc)))
+                continue
+            for name, mp in sorted(mods.items()):
+                memory[str(mp.so_path)] = plan.MemoryEntry(
+                    mp.digest, frozenset(m.name for m in mp.missing), "healed", q.id)
+                log.warning("aiter.module_quarantined", module=name, quarantine=q.id,
+                            jit_dir=str(jit_dir), missing=len(mp.missing),
+                            sample=_sample(mp), still_mapped_by=holders.get(str(mp.so_path), []))
+            try:
+                heal.save_memory(self._memory_file, memory)
+            except OSError as exc:
+                log.error("aiter.heal_memory_unwritable", error=str(exc))
+            pruned = heal.prune(jit_dir, keep=self.settings.aiter.keep_quarantines)
+            if pruned:
+                log.info("aiter.quarantine_pruned", jit_dir=str(jit_dir), quarantines=pruned)
+            results.append(HealResult(jit_dir, names, quarantine=q.id,
+                                      still_mapped={k: v for k, v in holders.items() if v}))
+        return results
+
+    def _report(self, plans: list[plan.EnvPlan]) -> bool:
+        """Log each finding once, when it first appears; returns whether anything changed."""
+        current: set[_Fingerprint] = set()
+        uncovered: set[str] = set()
+
+        def new(fp: _Fingerprint) -> bool:
+            fresh = fp not in self._last and fp not in current
+            current.add(fp)
+            return fresh
+
+        for p in plans:
+            where = {"tree": p.tree, "environment": p.environment}
+            for problem in p.problems:
+                if new(("problem", p.tree, p.environment, problem)):
+                    log.warning("aiter.config_problem", **where, problem=problem)
+            for src in p.sources:
+                if src.error is not None:
+                    if new(("table", str(src.file.path), src.error)):
+                        log.warning("aiter.table_unreadable", path=str(src.file.path),
+                                    reason=src.error)
+                elif src.table is not None and src.table.quirks:
+                    if new(("quirks", str(src.file.path), *src.table.quirks)):
+                        log.info("aiter.table_quirks", path=str(src.file.path),
+                                 quirks=list(src.table.quirks))
+            for mod in p.modules:
+                key = f"{p.tree}|{p.environment}|{mod.module}"
+                if mod.status is plan.Status.UNCOVERED:
+                    uncovered.add(key)
+                if not new(("module", key, mod.status, mod.action, mod.digest,
+                            *sorted(m.name for m in mod.missing))):
+                    continue
+                fields = {**where, "module": mod.module, "missing": len(mod.missing),
+                          "sample": _sample(mod), "reason": mod.reason}
+                if mod.action is plan.Action.STUCK:
+                    log.error("aiter.heal_not_converging", **fields)
+                elif mod.action is plan.Action.HELD:
+                    log.warning("aiter.module_held", **fields)
+                elif mod.status is plan.Status.UNCOVERED:
+                    level = log.error if mod.keyed is routing.Keyed.NAME else log.warning
+                    level("aiter.module_uncovered", **fields, action=str(mod.action))
+                elif mod.status is plan.Status.UNREADABLE:
+                    log.warning("aiter.module_unreadable", **where, module=mod.module,
+                                reason=mod.reason)
+                elif key in self._uncovered:
+                    log.info("aiter.module_covered", **where, module=mod.module,
+                             status=str(mod.status))
+        changed = current != self._last
+        self._last = current
+        self._uncovered = uncovered
+        return changed
+
+def _sample(mod: plan.ModulePlan, limit: int = 3) -> list[str]:
+    """A few missing names with the rows that name them (``name @ table:line``)."""
+    return [f"{m.name} @ {', '.join(f'{r.table}:{r.line}' for r in m.refs[:2])}"
+            for m in mod.missing[:limit]]

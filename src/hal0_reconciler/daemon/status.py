@@ -1,0 +1,116 @@
+"""``status.json`` in the runtime directory: written atomically by the daemon, read by ``status``.
+
+The daemon rewrites it after every pass and at least every ``HEARTBEAT`` seconds, so a file
+whose writer is gone (pid not alive, or another process now) or that stopped changing is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hal0_reconciler import fsio
+from hal0_reconciler.settings import Settings
+
+FILE_NAME = "status.json"
+SCHEMA = 1
+HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
+
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1
+EXIT_NOT_RUNNING = 3  # LSB: program is not running
+EXIT_UNKNOWN = 4  # LSB: status unknown (file unreadable)
+
+
+def status_path(settings: Settings) -> Path:
+    return settings.runtime_dir / FILE_NAME
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
+    """Replace status.json atomically (mode 0644: operators read it without root)."""
+    data = json.dumps(snapshot, indent=1, sort_keys=True, default=str).encode("utf-8")
+    fsio.write_atomically(status_path(settings), data, mode=0o644)
+
+
+def _alive(snapshot: dict[str, Any]) -> bool:
+    pid = snapshot.get("pid")
+    if not isinstance(pid, int):
+        return False
+    started = process_start_time(pid)
+    recorded = snapshot.get("pid_start")
+    if started is None:
+        return False
+    return not isinstance(recorded, int | float) or abs(started - recorded) < 1.0
+
+
+def _ago(now: float, then: Any) -> str:
+    if not isinstance(then, int | float) or then <= 0:
+        return "never"
+    return f"{max(0, round(now - then))}s ago"
+
+
+def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
+    """A short human report of the daemon's status file, and the exit code for ``status``."""
+    now = time.time() if now is None else now
+    path = status_path(settings)
+    try:
+        snapshot = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return f"hal0-reconciler: not running (no {path})", EXIT_NOT_RUNNING
+    except (OSError, ValueError) as exc:
+        return f"hal0-reconciler: status unknown ({path}: {exc})", EXIT_UNKNOWN
+    if not isinstance(snapshot, dict):
+        return f"hal0-reconciler: status unknown ({path}: not an object)", EXIT_UNKNOWN
+    pid = snapshot.get("pid")
+    heartbeat = float(snapshot.get("heartbeat", HEARTBEAT))
+    updated = snapshot.get("updated_at", 0)
+    lines: list[str] = []
+    if not _alive(snapshot):
+        head = f"hal0-reconciler: not running (pid {pid} is gone; status from {_ago(now, updated)})"
+        code = EXIT_NOT_RUNNING
+    elif not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
+        head = f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
+        code = EXIT_UNHEALTHY
+    elif not snapshot.get("healthy", False):
+        head = f"hal0-reconciler: unhealthy (pid {pid})"
+        code = EXIT_UNHEALTHY
+    else:
+        state = "running" if snapshot.get("ready") else "starting"
+        head = f"hal0-reconciler: {state} (pid {pid}), healthy"
+        code = EXIT_OK
+    lines.append(head)
+    last = snapshot.get("last_pass") or {}
+    if last:
+        lines.append(
+            f"  last pass:  {_ago(now, last.get('at'))}, {last.get('slots', 0)} slots, "
+            f"{last.get('duration', 0.0):.3f}s; {snapshot.get('passes', 0)} passes, "
+            f"{snapshot.get('relabels_total', 0)} relabelled since start"
+        )
+    lane = snapshot.get("lane") or {}
+    if lane:
+        lines.append(f"  rocm lane:  {lane.get('state')} ({lane.get('reason')})")
+    lines.append(f"  watches:    {snapshot.get('watch_mode', '?')}")
+    for name, slot in sorted((snapshot.get("slots") or {}).items()):
+        change = slot.get("device") or ""
+        reason = slot.get("reason") or slot.get("message") or ""
+        lines.append(f"    {name:<24} {slot.get('status', '?'):<12} {change:<11} {reason}".rstrip())
+    pending = snapshot.get("pending_restarts") or {}
+    if pending:
+        items = ", ".join(f"{n} in {round(s)}s" for n, s in sorted(pending.items()))
+        lines.append(f"  restarts pending: {items}")
+    hands_off = snapshot.get("hands_off") or []
+    if hands_off:
+        lines.append(f"  hands off (fight): {', '.join(hands_off)}")
+    lines.extend(f"  problem: {p}" for p in snapshot.get("problems") or [])
+    return "\n".join(lines), code
