@@ -97,6 +97,7 @@ class Settings:
     fight_limit: int = 3
     fight_window: float = 600.0
     watch_dev: bool = True
+    stuck_after: float = 120.0  # a pass or restart running longer is "stuck": WATCHDOG=1 stops
     # restarting what changed
     api_url: str = "http://127.0.0.1:8080"
     api_env_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/api.env")

@@ -13,11 +13,13 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 
 if TYPE_CHECKING:
@@ -157,3 +159,21 @@ def can_exec_as(uid: int, gid: int, program: Path) -> bool:
     except PermissionError:
         return False
     return True
+
+
+def dies_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` (not our child) is gone or a zombie within ``seconds``.
+
+    SIGKILL is delivered asynchronously, so a killed grandchild may still show as running for
+    a moment; it is reaped by whoever inherited it.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)

@@ -1,5 +1,6 @@
 """slots.document: TOML text -> SlotDoc, read the way hal0 reads a slot file."""
 
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -115,8 +116,15 @@ def test_a_file_with_only_a_backend_gets_the_mapped_device(backend: str, expecte
 @pytest.mark.parametrize(
     ("text", "device", "source"),
     [
-        pytest.param('device = "cpu"\nbackend = "vulkan"\n', "cpu", DeviceSource.DEVICE, id="device-wins"),
-        pytest.param('device = "  "\nbackend = "vulkan"\n', "gpu-vulkan", DeviceSource.LEGACY_BACKEND, id="blank-device"),
+        pytest.param(
+            'device = "cpu"\nbackend = "vulkan"\n', "cpu", DeviceSource.DEVICE, id="device-wins"
+        ),
+        pytest.param(
+            'device = "  "\nbackend = "vulkan"\n',
+            "gpu-vulkan",
+            DeviceSource.LEGACY_BACKEND,
+            id="blank-device",
+        ),
         pytest.param('device = ""\n', "gpu-rocm", DeviceSource.DEFAULT, id="empty-device"),
         pytest.param('device = " gpu-vulkan "\n', "gpu-vulkan", DeviceSource.DEVICE, id="stripped"),
         pytest.param('name = "a"\n', "gpu-rocm", DeviceSource.DEFAULT, id="nothing"),
@@ -169,7 +177,9 @@ def test_id_keyed_files(text: str, expected_id: str | None, expected_token: str)
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param('image_pin = "ghcr.io/a:1"\nimage = "ghcr.io/b:2"\n', "ghcr.io/a:1", id="pin-wins"),
+        pytest.param(
+            'image_pin = "ghcr.io/a:1"\nimage = "ghcr.io/b:2"\n', "ghcr.io/a:1", id="pin-wins"
+        ),
         pytest.param('image = "ghcr.io/b:2"\n', "ghcr.io/b:2", id="legacy-string"),
         pytest.param('name = "img"\n[image]\nidle_restore_minutes = 60\n', None, id="image-table"),
         pytest.param('image_pin = 3\nimage = "ghcr.io/b:2"\n', "ghcr.io/b:2", id="non-string-pin"),
@@ -184,8 +194,12 @@ def test_image(text: str, expected: str | None) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param('[server]\nenv = { A = "1", B = 2, C = "x" }\n', {"A": "1", "C": "x"}, id="inline"),
-        pytest.param('[server.env]\nHIP_VISIBLE_DEVICES = "0"\n', {"HIP_VISIBLE_DEVICES": "0"}, id="table"),
+        pytest.param(
+            '[server]\nenv = { A = "1", B = 2, C = "x" }\n', {"A": "1", "C": "x"}, id="inline"
+        ),
+        pytest.param(
+            '[server.env]\nHIP_VISIBLE_DEVICES = "0"\n', {"HIP_VISIBLE_DEVICES": "0"}, id="table"
+        ),
         pytest.param('server = "oops"\n', {}, id="server-not-a-table"),
         pytest.param('[server]\nenv = ["A=1"]\n', {}, id="env-not-a-table"),
         pytest.param('[server]\nextra_args = "--x"\n', {}, id="no-env"),
@@ -223,7 +237,9 @@ def test_absurd_nesting_is_a_parse_error() -> None:
         document.parse_slot("a = " + "[" * 100_000, stem="a")
 
 
-TOMLISH = st.text(alphabet=st.sampled_from(list("[]{}=\"'#.,\n\r\t -_01aedivcslotbkn")), max_size=80)
+TOMLISH = st.text(
+    alphabet=st.sampled_from(list("[]{}=\"'#.,\n\r\t -_01aedivcslotbkn")), max_size=80
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

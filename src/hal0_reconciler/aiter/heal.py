@@ -28,10 +28,28 @@ from hal0_reconciler.errors import ReconcilerError
 
 QUARANTINE_DIR = ".hal0-quarantine"
 MANIFEST = "manifest.json"
-COMPILERS = frozenset({
-    "hipcc", "hipcc.bin", "clang", "clang++", "amdclang", "amdclang++", "clang-offload-bundler",
-    "cc1", "cc1plus", "ld", "ld.lld", "lld", "ninja", "gcc", "g++", "cc", "c++", "make",
-})
+COMPILERS = frozenset(
+    {
+        "hipcc",
+        "hipcc.bin",
+        "clang",
+        "clang++",
+        "amdclang",
+        "amdclang++",
+        "clang-offload-bundler",
+        "cc1",
+        "cc1plus",
+        "ld",
+        "ld.lld",
+        "lld",
+        "ninja",
+        "gcc",
+        "g++",
+        "cc",
+        "c++",
+        "make",
+    }
+)
 _SLOT_CGROUP = re.compile(r"hal0-slot@([^/\s]+)\.service")
 
 
@@ -58,8 +76,11 @@ class Quarantine:
 
 def build_activity(jit_dir: Path, package_dir: Path, modules: Iterable[str]) -> list[str]:
     """Why healing must wait: aiter build locks for ``modules``, compilers working in the tree."""
-    busy = [f"build lock {lock}" for m in sorted(set(modules))
-            if (lock := jit_dir / "build" / f"lock_{m}").exists()]
+    busy = [
+        f"build lock {lock}"
+        for m in sorted(set(modules))
+        if (lock := jit_dir / "build" / f"lock_{m}").exists()
+    ]
     roots = tuple(str(p) for p in {jit_dir, package_dir})
     for proc in psutil.process_iter(["pid", "name", "cmdline", "cwd"]):
         info = proc.info
@@ -75,7 +96,7 @@ def build_activity(jit_dir: Path, package_dir: Path, modules: Iterable[str]) -> 
 
 
 def mapped_by(paths: Iterable[Path]) -> dict[str, list[str]]:
-    """module path → who has it mapped: ``slot <token>`` when the cgroup says so, else pid + cmdline."""
+    """module path → who has it mapped: ``slot <token>`` from the cgroup, else pid + cmdline."""
     wanted = {str(p) for p in paths}
     holders: dict[str, list[str]] = {}
     if not wanted:
@@ -107,8 +128,9 @@ def _under(path: str, root: str) -> bool:
 # --- quarantine and restore ----------------------------------------------------------------------
 
 
-def quarantine(jit_dir: Path, modules: Mapping[str, plan.ModulePlan], *,
-               now: dt.datetime | None = None) -> Quarantine:
+def quarantine(
+    jit_dir: Path, modules: Mapping[str, plan.ModulePlan], *, now: dt.datetime | None = None
+) -> Quarantine:
     """Move each module's ``.so`` and ``build/<module>/`` (nothing else) into a new quarantine.
 
     All or nothing: raises HealFailed after undoing every move when one fails.
@@ -116,8 +138,10 @@ def quarantine(jit_dir: Path, modules: Mapping[str, plan.ModulePlan], *,
     pairs: list[Move] = []
     qdir = _new_quarantine_dir(jit_dir, now)
     for module in sorted(modules):
-        for src, rel in ((jit_dir / f"{module}.so", f"{module}.so"),
-                         (jit_dir / "build" / module, f"build/{module}")):
+        for src, rel in (
+            (jit_dir / f"{module}.so", f"{module}.so"),
+            (jit_dir / "build" / module, f"build/{module}"),
+        ):
             if src.exists() or src.is_symlink():
                 pairs.append(Move(src, qdir / rel))
     manifest = {
@@ -127,15 +151,20 @@ def quarantine(jit_dir: Path, modules: Mapping[str, plan.ModulePlan], *,
         "jit_dir": str(jit_dir),
         "moves": [{"src": str(m.src), "dst": str(m.dst)} for m in pairs],
         "modules": {
-            name: {"digest": mp.digest, "missing": [m.name for m in mp.missing],
-                   "reason": mp.reason}
+            name: {
+                "digest": mp.digest,
+                "missing": [m.name for m in mp.missing],
+                "reason": mp.reason,
+            }
             for name, mp in sorted(modules.items())
         },
     }
     return _execute(qdir, pairs, manifest, tuple(sorted(modules)))
 
 
-def restore(jit_dir: Path, qid: str, *, now: dt.datetime | None = None) -> tuple[Quarantine, Quarantine | None]:
+def restore(
+    jit_dir: Path, qid: str, *, now: dt.datetime | None = None
+) -> tuple[Quarantine, Quarantine | None]:
     """Put quarantine ``qid`` back. What now sits in its place is quarantined first (nothing lost).
 
     Returns (the restored quarantine, the quarantine of displaced files or None). Raises HealFailed.
@@ -156,12 +185,20 @@ def restore(jit_dir: Path, qid: str, *, now: dt.datetime | None = None) -> tuple
     if occupied:
         ddir = _new_quarantine_dir(jit_dir, now)
         pairs = [Move(p, ddir / p.relative_to(jit_dir)) for p in occupied]
-        displaced = _execute(ddir, pairs, {
-            "id": ddir.name, "kind": "displaced-by-restore", "restored": qid,
-            "created": _utc(now).isoformat(), "jit_dir": str(jit_dir),
-            "moves": [{"src": str(m.src), "dst": str(m.dst)} for m in pairs],
-            "modules": {m: {} for m in modules},
-        }, modules)
+        displaced = _execute(
+            ddir,
+            pairs,
+            {
+                "id": ddir.name,
+                "kind": "displaced-by-restore",
+                "restored": qid,
+                "created": _utc(now).isoformat(),
+                "jit_dir": str(jit_dir),
+                "moves": [{"src": str(m.src), "dst": str(m.dst)} for m in pairs],
+                "modules": {m: {} for m in modules},
+            },
+            modules,
+        )
     try:
         _move_all(moves)
     except HealFailed:
@@ -191,8 +228,9 @@ def prune(jit_dir: Path, *, keep: int) -> list[str]:
     return [p.name for p in doomed]
 
 
-def _execute(qdir: Path, pairs: list[Move], manifest: dict[str, Any],
-             modules: tuple[str, ...]) -> Quarantine:
+def _execute(
+    qdir: Path, pairs: list[Move], manifest: dict[str, Any], modules: tuple[str, ...]
+) -> Quarantine:
     try:
         qdir.mkdir(parents=True)
         _write_json(qdir / MANIFEST, manifest)
@@ -226,8 +264,10 @@ def _move_all(pairs: list[Move]) -> None:
                 raise HealFailed(
                     f"moving {move.src} failed ({exc}); undo FAILED for: {'; '.join(undo_errors)}"
                 ) from None
-            raise HealFailed(f"moving {move.src} failed ({exc}); all {len(done)} earlier "
-                             "move(s) undone, nothing changed") from None
+            raise HealFailed(
+                f"moving {move.src} failed ({exc}); all {len(done)} earlier "
+                "move(s) undone, nothing changed"
+            ) from None
         done.append(move)
 
 
@@ -259,18 +299,28 @@ def load_memory(path: Path) -> dict[str, plan.MemoryEntry]:
         for key, e in raw.items():
             with contextlib.suppress(KeyError, TypeError, AttributeError):
                 memory[str(key)] = plan.MemoryEntry(
-                    str(e["digest"]), frozenset(str(n) for n in e["missing"]), str(e["kind"]),
-                    str(e["quarantine"]))
+                    str(e["digest"]),
+                    frozenset(str(n) for n in e["missing"]),
+                    str(e["kind"]),
+                    str(e["quarantine"]),
+                )
     return memory
 
 
 def save_memory(path: Path, memory: Mapping[str, plan.MemoryEntry]) -> None:
     """Write the heal memory atomically. Raises OSError."""
-    _write_json(path, {
-        k: {"digest": e.digest, "missing": sorted(e.missing), "kind": e.kind,
-            "quarantine": e.quarantine}
-        for k, e in sorted(memory.items())
-    })
+    _write_json(
+        path,
+        {
+            k: {
+                "digest": e.digest,
+                "missing": sorted(e.missing),
+                "kind": e.kind,
+                "quarantine": e.quarantine,
+            }
+            for k, e in sorted(memory.items())
+        },
+    )
 
 
 def _write_json(path: Path, payload: Any) -> None:

@@ -69,8 +69,10 @@ class AiterMonitor:
         for tree in self.settings.aiter.trees:
             configs = tree.package_dir / "configs"
             paths += [configs, configs / "model_configs"]
-            jits = {survey.jit_dir_for(e.tree, e.env)
-                    for e in survey.environments(tree, self.surveyor.slot_envs())}
+            jits = {
+                survey.jit_dir_for(e.tree, e.env)
+                for e in survey.environments(tree, self.surveyor.slot_envs())
+            }
             paths += sorted(jits)
         if self.settings.aiter.trees:
             paths.append(self.settings.slots_dir)
@@ -78,7 +80,9 @@ class AiterMonitor:
 
     def routing(self) -> routing.Routing:
         """The routing in force (raises OSError or RoutingError)."""
-        version = next((t.routing_version for t in self.settings.aiter.trees if t.routing_version), "")
+        version = next(
+            (t.routing_version for t in self.settings.aiter.trees if t.routing_version), ""
+        )
         return routing.parse_routing(survey.routing_text(self.settings), version=version)
 
     def check(self, *, heal: bool) -> MonitorReport:
@@ -88,16 +92,16 @@ class AiterMonitor:
         except (OSError, routing.RoutingError) as exc:
             fp = ("routing", str(exc))
             if fp not in self._last:
-                log.error("aiter.routing_unreadable", error=str(exc))
+                log.error("aiter.routing_unreadable", error=str(exc))  # noqa: TRY400
             self._last = {fp}
             return MonitorReport((), errors=(f"routing data: {exc}",))
-        memory = heal.load_memory(self._memory_file)
+        memory = self._load_memory()
         plans = self.surveyor.survey(rules, memory)
         heals: list[HealResult] = []
         if heal:
             heals = self._heal(plans, memory)
             if any(h.quarantine for h in heals):
-                plans = self.surveyor.survey(rules, heal.load_memory(self._memory_file))
+                plans = self.surveyor.survey(rules, self._load_memory())
         errors = [h.error for h in heals if h.error]
         try:
             self.surveyor.registry.save()
@@ -115,61 +119,96 @@ class AiterMonitor:
             known = sorted(q.name for j in jits for q in heal.list_quarantines(j))
             raise heal.HealFailed(f"no quarantine {qid!r} (known: {', '.join(known) or 'none'})")
         restored, displaced = heal.restore(holder, qid)
-        log.warning("aiter.quarantine_restored", quarantine=qid, jit_dir=str(holder),
-                    modules=list(restored.modules),
-                    displaced=displaced.id if displaced is not None else None)
+        log.warning(
+            "aiter.quarantine_restored",
+            quarantine=qid,
+            jit_dir=str(holder),
+            modules=list(restored.modules),
+            displaced=displaced.id if displaced is not None else None,
+        )
         memory = heal.load_memory(self._memory_file)
         for env_plan in self.surveyor.survey(self.routing(), memory):
             for mod in env_plan.modules:
                 if mod.module in restored.modules and env_plan.jit_dir == holder:
                     memory[str(mod.so_path)] = plan.MemoryEntry(
-                        mod.digest, frozenset(m.name for m in mod.missing), "restored", qid)
+                        mod.digest, frozenset(m.name for m in mod.missing), "restored", qid
+                    )
         heal.save_memory(self._memory_file, memory)
         return restored, displaced
 
+    def _load_memory(self) -> dict[str, plan.MemoryEntry]:
+        return heal.load_memory(self._memory_file)
+
     def _jit_dirs(self) -> list[Path]:
         slots = self.surveyor.slot_envs()
-        return list(dict.fromkeys(
-            survey.jit_dir_for(e.tree, e.env)
-            for t in self.settings.aiter.trees for e in survey.environments(t, slots)))
+        return list(
+            dict.fromkeys(
+                survey.jit_dir_for(e.tree, e.env)
+                for t in self.settings.aiter.trees
+                for e in survey.environments(t, slots)
+            )
+        )
 
-    def _heal(self, plans: list[plan.EnvPlan],
-              memory: dict[str, plan.MemoryEntry]) -> list[HealResult]:
+    def _heal(
+        self, plans: list[plan.EnvPlan], memory: dict[str, plan.MemoryEntry]
+    ) -> list[HealResult]:
         results: list[HealResult] = []
-        packages = {p.jit_dir: t.package_dir for t in self.settings.aiter.trees for p in plans
-                    if p.tree == survey.tree_label(t)}
+        packages = {
+            p.jit_dir: t.package_dir
+            for t in self.settings.aiter.trees
+            for p in plans
+            if p.tree == survey.tree_label(t)
+        }
         for jit, mods in plan.heal_set(plans).items():
             jit_dir = Path(jit)
             names = tuple(sorted(mods))
             busy = heal.build_activity(jit_dir, packages.get(jit, jit_dir), names)
             if busy:
-                log.warning("aiter.heal_refused_build_running", jit_dir=str(jit_dir),
-                            modules=list(names), busy=busy)
+                log.warning(
+                    "aiter.heal_refused_build_running",
+                    jit_dir=str(jit_dir),
+                    modules=list(names),
+                    busy=busy,
+                )
                 results.append(HealResult(jit_dir, names, refused=tuple(busy)))
                 continue
             holders = heal.mapped_by(Path(m.so_path) for m in mods.values())
             try:
                 q = heal.quarantine(jit_dir, mods)
             except heal.HealFailed as exc:
-                log.error("aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names),
-                          error=str(exc))
+                log.error(  # noqa: TRY400 - the one human line is in `error`
+                    "aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names), error=str(exc)
+                )
                 results.append(HealResult(jit_dir, names, error=str(exc)))
                 continue
             for name, mp in sorted(mods.items()):
                 memory[str(mp.so_path)] = plan.MemoryEntry(
-                    mp.digest, frozenset(m.name for m in mp.missing), "healed", q.id)
-                log.warning("aiter.module_quarantined", module=name, quarantine=q.id,
-                            jit_dir=str(jit_dir), missing=len(mp.missing),
-                            sample=_sample(mp), still_mapped_by=holders.get(str(mp.so_path), []))
+                    mp.digest, frozenset(m.name for m in mp.missing), "healed", q.id
+                )
+                log.warning(
+                    "aiter.module_quarantined",
+                    module=name,
+                    quarantine=q.id,
+                    jit_dir=str(jit_dir),
+                    missing=len(mp.missing),
+                    sample=_sample(mp),
+                    still_mapped_by=holders.get(str(mp.so_path), []),
+                )
             try:
                 heal.save_memory(self._memory_file, memory)
             except OSError as exc:
-                log.error("aiter.heal_memory_unwritable", error=str(exc))
+                log.error("aiter.heal_memory_unwritable", error=str(exc))  # noqa: TRY400
             pruned = heal.prune(jit_dir, keep=self.settings.aiter.keep_quarantines)
             if pruned:
                 log.info("aiter.quarantine_pruned", jit_dir=str(jit_dir), quarantines=pruned)
-            results.append(HealResult(jit_dir, names, quarantine=q.id,
-                                      still_mapped={k: v for k, v in holders.items() if v}))
+            results.append(
+                HealResult(
+                    jit_dir,
+                    names,
+                    quarantine=q.id,
+                    still_mapped={k: v for k, v in holders.items() if v},
+                )
+            )
         return results
 
     def _report(self, plans: list[plan.EnvPlan]) -> bool:
@@ -182,29 +221,47 @@ class AiterMonitor:
             current.add(fp)
             return fresh
 
+        for slot in self.surveyor.last_slots:
+            if slot.error is not None and new(("slot", slot.name, slot.error)):
+                log.warning("aiter.slot_unreadable", slot=slot.name, reason=slot.error)
         for p in plans:
             where = {"tree": p.tree, "environment": p.environment}
             for problem in p.problems:
                 if new(("problem", p.tree, p.environment, problem)):
                     log.warning("aiter.config_problem", **where, problem=problem)
             for src in p.sources:
-                if src.error is not None:
-                    if new(("table", str(src.file.path), src.error)):
-                        log.warning("aiter.table_unreadable", path=str(src.file.path),
-                                    reason=src.error)
-                elif src.table is not None and src.table.quirks:
-                    if new(("quirks", str(src.file.path), *src.table.quirks)):
-                        log.info("aiter.table_quirks", path=str(src.file.path),
-                                 quirks=list(src.table.quirks))
+                if src.error is not None and new(("table", str(src.file.path), src.error)):
+                    log.warning("aiter.table_unreadable", path=str(src.file.path), reason=src.error)
+                if (
+                    src.table is not None
+                    and src.table.quirks
+                    and new(("quirks", str(src.file.path), *src.table.quirks))
+                ):
+                    log.info(
+                        "aiter.table_quirks", path=str(src.file.path), quirks=list(src.table.quirks)
+                    )
             for mod in p.modules:
                 key = f"{p.tree}|{p.environment}|{mod.module}"
                 if mod.status is plan.Status.UNCOVERED:
                     uncovered.add(key)
-                if not new(("module", key, mod.status, mod.action, mod.digest,
-                            *sorted(m.name for m in mod.missing))):
+                if not new(
+                    (
+                        "module",
+                        key,
+                        mod.status,
+                        mod.action,
+                        mod.digest,
+                        *sorted(m.name for m in mod.missing),
+                    )
+                ):
                     continue
-                fields = {**where, "module": mod.module, "missing": len(mod.missing),
-                          "sample": _sample(mod), "reason": mod.reason}
+                fields = {
+                    **where,
+                    "module": mod.module,
+                    "missing": len(mod.missing),
+                    "sample": _sample(mod),
+                    "reason": mod.reason,
+                }
                 if mod.action is plan.Action.STUCK:
                     log.error("aiter.heal_not_converging", **fields)
                 elif mod.action is plan.Action.HELD:
@@ -213,17 +270,22 @@ class AiterMonitor:
                     level = log.error if mod.keyed is routing.Keyed.NAME else log.warning
                     level("aiter.module_uncovered", **fields, action=str(mod.action))
                 elif mod.status is plan.Status.UNREADABLE:
-                    log.warning("aiter.module_unreadable", **where, module=mod.module,
-                                reason=mod.reason)
+                    log.warning(
+                        "aiter.module_unreadable", **where, module=mod.module, reason=mod.reason
+                    )
                 elif key in self._uncovered:
-                    log.info("aiter.module_covered", **where, module=mod.module,
-                             status=str(mod.status))
+                    log.info(
+                        "aiter.module_covered", **where, module=mod.module, status=str(mod.status)
+                    )
         changed = current != self._last
         self._last = current
         self._uncovered = uncovered
         return changed
 
+
 def _sample(mod: plan.ModulePlan, limit: int = 3) -> list[str]:
     """A few missing names with the rows that name them (``name @ table:line``)."""
-    return [f"{m.name} @ {', '.join(f'{r.table}:{r.line}' for r in m.refs[:2])}"
-            for m in mod.missing[:limit]]
+    return [
+        f"{m.name} @ {', '.join(f'{r.table}:{r.line}' for r in m.refs[:2])}"
+        for m in mod.missing[:limit]
+    ]

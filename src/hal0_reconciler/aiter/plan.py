@@ -139,42 +139,70 @@ def decide(
 ) -> ModulePlan:
     """The verdict for one module and the action that follows from it."""
 
-    def verdict(status: Status, action: Action, reason: str,
-                missing: tuple[Missing, ...] = ()) -> ModulePlan:
-        return ModulePlan(module, facts.so_path, keyed, status, action, len(needs), missing,
-                          digest, reason)
+    def verdict(
+        status: Status, action: Action, reason: str, missing: tuple[Missing, ...] = ()
+    ) -> ModulePlan:
+        return ModulePlan(
+            module, facts.so_path, keyed, status, action, len(needs), missing, digest, reason
+        )
 
     if not facts.exists:
-        return verdict(Status.NOT_BUILT, Action.NONE,
-                       "not built yet: aiter builds it from the current tables on first use")
+        return verdict(
+            Status.NOT_BUILT,
+            Action.NONE,
+            "not built yet: aiter builds it from the current tables on first use",
+        )
     if facts.error is not None:
         return verdict(Status.UNREADABLE, Action.NONE, f"cannot read the module: {facts.error}")
-    missing = tuple(Missing(n, tuple(needs[n])) for n in sorted(needs)
-                    if not facts.registered.get(n, False))
+    missing = tuple(
+        Missing(n, tuple(needs[n])) for n in sorted(needs) if not facts.registered.get(n, False)
+    )
     if not missing:
-        return verdict(Status.COVERED, Action.NONE,
-                       f"all {len(needs)} kernel name(s) the tables route here are registered")
+        return verdict(
+            Status.COVERED,
+            Action.NONE,
+            f"all {len(needs)} kernel name(s) the tables route here are registered",
+        )
     names = frozenset(m.name for m in missing)
     if memory is not None and memory.digest == digest and names <= memory.missing:
         if memory.kind == "restored":
-            return verdict(Status.UNCOVERED, Action.HELD,
-                           f"restored by the operator from quarantine {memory.quarantine}; "
-                           "left alone until the tables or the target change", missing)
-        return verdict(Status.UNCOVERED, Action.STUCK,
-                       f"already invalidated in quarantine {memory.quarantine} for these tables "
-                       "and target, and the rebuild still lacks these kernels: rebuilding cannot "
-                       "produce them", missing)
+            return verdict(
+                Status.UNCOVERED,
+                Action.HELD,
+                f"restored by the operator from quarantine {memory.quarantine}; "
+                "left alone until the tables or the target change",
+                missing,
+            )
+        return verdict(
+            Status.UNCOVERED,
+            Action.STUCK,
+            f"already invalidated in quarantine {memory.quarantine} for these tables "
+            "and target, and the rebuild still lacks these kernels: rebuilding cannot "
+            "produce them",
+            missing,
+        )
     if keyed is routing.Keyed.NAME:
-        return verdict(Status.UNCOVERED, Action.HEAL,
-                       f"{len(missing)} name-keyed kernel(s) missing: the server crashes at load "
-                       "or graph capture", missing)
+        return verdict(
+            Status.UNCOVERED,
+            Action.HEAL,
+            f"{len(missing)} name-keyed kernel(s) missing: the server crashes at load "
+            "or graph capture",
+            missing,
+        )
     if heal_shape_keyed:
-        return verdict(Status.UNCOVERED, Action.HEAL,
-                       f"{len(missing)} shape-keyed kernel(s) missing (heal_shape_keyed is on)",
-                       missing)
-    return verdict(Status.UNCOVERED, Action.WARN,
-                   f"{len(missing)} shape-keyed kernel(s) missing: silent slow fallback "
-                   "(healing it is the setting heal_shape_keyed)", missing)
+        return verdict(
+            Status.UNCOVERED,
+            Action.HEAL,
+            f"{len(missing)} shape-keyed kernel(s) missing (heal_shape_keyed is on)",
+            missing,
+        )
+    return verdict(
+        Status.UNCOVERED,
+        Action.WARN,
+        f"{len(missing)} shape-keyed kernel(s) missing: silent slow fallback "
+        "(healing it is the setting heal_shape_keyed)",
+        missing,
+    )
 
 
 def heal_set(plans: Iterable[EnvPlan]) -> dict[PurePath, dict[str, ModulePlan]]:

@@ -76,7 +76,7 @@ def registered_in(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bo
 
 
 class Registry:
-    """The registry cache: one instance per process, persisted in ``cache_file`` (None: memory only)."""
+    """The registry cache, one per process, persisted in ``cache_file`` (None: memory only)."""
 
     def __init__(self, cache_file: Path | None) -> None:
         self._file = cache_file
@@ -100,7 +100,9 @@ class Registry:
         ident = identity_of(st)
         key = str(path)
         cached = self._entries.get(key)
-        known: dict[str, bool] = dict(cached[1]) if cached is not None and cached[0] == ident else {}
+        known: dict[str, bool] = (
+            dict(cached[1]) if cached is not None and cached[0] == ident else {}
+        )
         unknown = wanted - known.keys()
         if not unknown:
             return ModuleScan(path, ident, {n: known[n] for n in wanted}, read=False)
@@ -133,8 +135,10 @@ class Registry:
             return
         payload = {
             "version": _CACHE_VERSION,
-            "modules": {k: {"identity": list(ident), "names": names}
-                        for k, (ident, names) in sorted(self._entries.items())},
+            "modules": {
+                k: {"identity": list(ident), "names": names}
+                for k, (ident, names) in sorted(self._entries.items())
+            },
         }
         self._file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".registry.", suffix=".tmp")

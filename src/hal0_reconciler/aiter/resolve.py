@@ -60,7 +60,7 @@ def resolve(
         default = configs_dir / f"{route.stem}.csv"
         files = [ResolvedFile(default, Origin.DEFAULT, exists(default))]
         problems: list[str] = []
-        if not files[0].exists:
+        if not files[0].exists and route.compiled:
             problems.append(f"shipped default {default} is missing")
         for name in sorted(overlay_names):
             if route.stem in name and "untuned" not in name and name.endswith(".csv"):
@@ -68,10 +68,17 @@ def resolve(
                 files.append(ResolvedFile(path, Origin.OVERLAY, exists(path)))
         return Resolution(route, None, tuple(files), tuple(problems))
     if not value.strip():
-        return Resolution(route, value, (), (
-            f"{route.variable} is set to whitespace only: aiter treats it as set and loads no "
-            "real file (unset it to get the shipped tables)",
-        ))
+        return Resolution(
+            route,
+            value,
+            (),
+            (
+                (
+                    f"{route.variable} is set to whitespace only: aiter treats it as set and loads "
+                    "no real file (unset it to get the shipped tables)"
+                ),
+            ),
+        )
     parts = value.split(":")
     files = []
     problems = []
@@ -81,5 +88,7 @@ def resolve(
         files.append(ResolvedFile(path, Origin.PINNED, found))
         if not found:
             consequence = "aiter uses it anyway and fails" if len(parts) == 1 else "skipped"
-            problems.append(f"{route.variable} names {part!r}, which does not exist ({consequence})")
+            problems.append(
+                f"{route.variable} names {part!r}, which does not exist ({consequence})"
+            )
     return Resolution(route, value, tuple(files), tuple(problems))

@@ -17,7 +17,7 @@ NO_LIBTYPE = "-"
 """The routing key for rows without a libtype (no column, or an empty value)."""
 
 ASM_PREFIX = "_ZN"
-"""Rows without a libtype whose name starts with this are asm kernels (``.co`` files), never compiled."""
+"""Without a libtype, a name starting with this is an asm kernel (a ``.co`` file): skipped."""
 
 
 class RoutingError(ReconcilerError):
@@ -87,8 +87,10 @@ def parse_routing(text: str, *, version: str = "") -> Routing:
         raise RoutingError(f"routing version {chosen!r} lists no tables")
     return Routing(
         version=chosen,
-        tables=tuple(_route(stem, raw, where=f"versions.{chosen}.tables.{stem}")
-                     for stem, raw in tables.items()),
+        tables=tuple(
+            _route(stem, raw, where=f"versions.{chosen}.tables.{stem}")
+            for stem, raw in tables.items()
+        ),
     )
 
 
@@ -97,7 +99,7 @@ def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
         raise RoutingError(f"{where} must be a table")
     unknown = set(raw) - {"variable", "keyed", "columns", "modules"}
     if unknown:
-        raise RoutingError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        raise RoutingError(f"{where}: unknown key {min(unknown)!r}")
     variable = raw.get("variable")
     if not isinstance(variable, str) or not variable.startswith("AITER_"):
         raise RoutingError(f"{where}.variable must be an AITER_* variable name")
@@ -114,5 +116,6 @@ def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
         for k, v in modules.items()
     ):
         raise RoutingError(f"{where}.modules must map libtype to a module_* name")
-    return TableRoute(stem=stem, variable=variable, keyed=keyed, columns=tuple(columns),
-                      modules=dict(modules))
+    return TableRoute(
+        stem=stem, variable=variable, keyed=keyed, columns=tuple(columns), modules=dict(modules)
+    )

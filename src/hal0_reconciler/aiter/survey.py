@@ -39,7 +39,8 @@ def tree_label(tree: AiterTree) -> str:
 
 
 def jit_dir_for(tree: AiterTree, env: dict[str, str]) -> Path:
-    """aiter's rule: ``$AITER_JIT_DIR`` verbatim, else ``<pkg>/jit`` if writable, else ``~/.aiter/jit``."""
+    """aiter's rule: ``$AITER_JIT_DIR`` verbatim, else ``<pkg>/jit`` if writable, else
+    ``~/.aiter/jit``."""
     if tree.jit_dir is not None:
         return tree.jit_dir
     if env.get("AITER_JIT_DIR"):
@@ -55,18 +56,22 @@ def routing_text(settings: Settings) -> str:
     """The routing data: the operator's file when set, else the one shipped in this package."""
     if settings.aiter.routing_file is not None:
         return settings.aiter.routing_file.read_text(encoding="utf-8")
-    return resources.files("hal0_reconciler.aiter").joinpath("routing.toml").read_text(
-        encoding="utf-8"
+    return (
+        resources.files("hal0_reconciler.aiter")
+        .joinpath("routing.toml")
+        .read_text(encoding="utf-8")
     )
 
 
 def environments(tree: AiterTree, slots: list[SlotEnv]) -> list[Environment]:
-    """The base environment plus each slot whose env sets an ``AITER_*`` variable (over the base)."""
+    """The base environment plus each slot whose env sets an ``AITER_*`` variable (over base)."""
     envs = [Environment(tree, "base", dict(tree.base_env))]
     if tree.slot_envs:
-        for slot in slots:
-            if slot.env is not None and any(k.startswith("AITER_") for k in slot.env):
-                envs.append(Environment(tree, f"slot:{slot.name}", {**tree.base_env, **slot.env}))
+        envs.extend(
+            Environment(tree, f"slot:{slot.name}", {**tree.base_env, **slot.env})
+            for slot in slots
+            if slot.env is not None and any(k.startswith("AITER_") for k in slot.env)
+        )
     return envs
 
 
@@ -80,6 +85,7 @@ class Surveyor:
         self._tables: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
+        self.last_slots: list[SlotEnv] = []
 
     def kfd(self) -> tuple[frozenset[tables.Target], str | None]:
         if self._kfd is None:
@@ -103,9 +109,12 @@ class Surveyor:
             fresh[key] = slot
             found.append(slot)
         self._slots = fresh
+        self.last_slots = found
         return found
 
-    def survey(self, rules: routing.Routing, memory: dict[str, plan.MemoryEntry]) -> list[plan.EnvPlan]:
+    def survey(
+        self, rules: routing.Routing, memory: dict[str, plan.MemoryEntry]
+    ) -> list[plan.EnvPlan]:
         """Plan every environment of every tree. Reads only what changed since the last call."""
         slots = self.slot_envs()
         used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
@@ -137,21 +146,25 @@ class Surveyor:
         except OSError:
             overlays = []
         resolutions = tuple(
-            resolve.resolve(route, env, configs_dir=configs, overlay_names=overlays,
-                            exists=lambda p: Path(p).is_file())
+            resolve.resolve(
+                route,
+                env,
+                configs_dir=configs,
+                overlay_names=overlays,
+                exists=lambda p: Path(p).is_file(),
+            )
             for route in rules.tables
         )
         problems = [p for r in resolutions for p in r.problems]
         if choice.error is not None or not choice.targets:
             problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
-            return plan.EnvPlan(label, environment.name, jit, str(choice), resolutions, (), (),
-                                tuple(problems))
+            return plan.EnvPlan(
+                label, environment.name, jit, str(choice), resolutions, (), (), tuple(problems)
+            )
         sources: list[plan.TableSource] = []
         for res in resolutions:
-            if not res.route.compiled:
-                continue
-            for f in res.loaded:
-                sources.append(self._table(f, res.route, choice.targets, used))
+            if res.route.compiled:
+                sources.extend(self._table(f, res.route, choice.targets, used) for f in res.loaded)
         needs = plan.needed_names(sources)
         modules: list[plan.ModulePlan] = []
         for module in sorted(needs):
@@ -159,18 +172,35 @@ class Surveyor:
             modules_seen.append(so)
             try:
                 scan = self.registry.scan(so, needs[module])
-                facts = (plan.ModuleFacts(so, exists=False) if scan is None
-                         else plan.ModuleFacts(so, exists=True, registered=scan.registered))
+                facts = (
+                    plan.ModuleFacts(so, exists=False)
+                    if scan is None
+                    else plan.ModuleFacts(so, exists=True, registered=scan.registered)
+                )
             except OSError as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
             keyed = rules.by_module(module)[0].keyed
-            modules.append(plan.decide(
-                module, keyed=keyed, needs=needs[module], facts=facts,
-                digest=plan.module_digest(module, sources, str(choice)),
-                memory=memory.get(str(so)), heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
-            ))
-        return plan.EnvPlan(label, environment.name, jit, str(choice), resolutions, tuple(sources),
-                            tuple(modules), tuple(problems))
+            modules.append(
+                plan.decide(
+                    module,
+                    keyed=keyed,
+                    needs=needs[module],
+                    facts=facts,
+                    digest=plan.module_digest(module, sources, str(choice)),
+                    memory=memory.get(str(so)),
+                    heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
+                )
+            )
+        return plan.EnvPlan(
+            label,
+            environment.name,
+            jit,
+            str(choice),
+            resolutions,
+            tuple(sources),
+            tuple(modules),
+            tuple(problems),
+        )
 
     def _table(
         self,
@@ -189,8 +219,9 @@ class Surveyor:
             try:
                 data = path.read_bytes()
                 self.table_reads += 1
-                cached = plan.TableSource(file, route, table=tables.parse_table(
-                    data, route=route, targets=targets))
+                cached = plan.TableSource(
+                    file, route, table=tables.parse_table(data, route=route, targets=targets)
+                )
             except OSError as exc:
                 cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
             except tables.TableUnreadable as exc:

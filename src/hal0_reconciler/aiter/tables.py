@@ -92,7 +92,6 @@ def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Ta
             cu_col is not None and not _on_target(gfx if gfx_col is not None else None, cu, targets)
         ):
             other += 1
-            continue
         libtype = _field(fields, lib_col) if lib_col is not None else None
         kept = False
         for col in name_cols:
@@ -108,8 +107,9 @@ def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Ta
     if ragged:
         shown = ", ".join(str(n) for n in ragged[:5]) + (" ..." if len(ragged) > 5 else "")
         quirks.append(f"{len(ragged)} ragged row(s) at line {shown} (read by position)")
-    return Table(tuple(rows), hashlib.sha256(data).hexdigest(), data_rows, other, uncompiled,
-                 tuple(quirks))
+    return Table(
+        tuple(rows), hashlib.sha256(data).hexdigest(), data_rows, other, uncompiled, tuple(quirks)
+    )
 
 
 def _on_target(gfx: str | None, cu: str, targets: frozenset[Target]) -> bool:

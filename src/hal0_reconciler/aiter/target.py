@@ -1,4 +1,4 @@
-"""The build target(s) aiter compiles rows for: KFD topology, ``GPU_ARCHS`` / ``CU_NUM``, or explicit."""
+"""The build target(s) aiter compiles rows for: KFD topology, ``GPU_ARCHS``/``CU_NUM``, explicit."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def gfx_name(version: int) -> str:
 
 
 def read_kfd(nodes_dir: Path) -> tuple[frozenset[Target], str | None]:
-    """GPU targets from the KFD topology (CPU nodes have version 0), or the reason there are none."""
+    """GPU targets from the KFD topology (CPU nodes have version 0), or why there are none."""
     found: set[Target] = set()
     try:
         nodes = sorted(nodes_dir.iterdir())
@@ -64,7 +64,9 @@ def choose_target(
     if setting and setting != "auto":
         match = _EXPLICIT.match(setting)
         if match is None:
-            return TargetChoice(frozenset(), "setting", f"target {setting!r} is not 'auto' or 'gfxNNN:CUs'")
+            return TargetChoice(
+                frozenset(), "setting", f"target {setting!r} is not 'auto' or 'gfxNNN:CUs'"
+            )
         return TargetChoice(frozenset({Target(match[1], int(match[2]))}), "setting")
     gpus, kfd_error = kfd
     archs = [a.strip().lower() for a in re.split(r"[;,\s]+", env.get("GPU_ARCHS", "")) if a.strip()]
@@ -74,11 +76,14 @@ def choose_target(
         return TargetChoice(frozenset(), "CU_NUM", f"CU_NUM={cu_env!r} is not a number")
     if archs:
         if cu_env:
-            return TargetChoice(frozenset(Target(a, int(cu_env)) for a in archs), "GPU_ARCHS+CU_NUM")
+            return TargetChoice(
+                frozenset(Target(a, int(cu_env)) for a in archs), "GPU_ARCHS+CU_NUM"
+            )
         chosen = frozenset(t for t in gpus if t.gfx in archs)
         if not chosen:
-            return TargetChoice(frozenset(), "GPU_ARCHS",
-                                "GPU_ARCHS names no GPU on this host and CU_NUM is unset")
+            return TargetChoice(
+                frozenset(), "GPU_ARCHS", "GPU_ARCHS names no GPU on this host and CU_NUM is unset"
+            )
         return TargetChoice(chosen, "GPU_ARCHS+kfd")
     if not gpus:
         return TargetChoice(frozenset(), "kfd", kfd_error)

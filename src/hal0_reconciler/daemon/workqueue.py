@@ -86,6 +86,15 @@ class WorkQueue:
         self._closed = False
         self._cond = threading.Condition()
 
+    def tune(self, *, settle: float, cap: float) -> None:
+        """New settle window and cap (a settings reload)."""
+        if settle < 0 or cap < settle:
+            raise ValueError("need 0 <= settle <= cap")
+        with self._cond:
+            self._settle = settle
+            self._cap = cap
+            self._cond.notify_all()
+
     # -- producers -------------------------------------------------------------------------
     def add(self, key: WorkKey) -> None:
         """Mark ``key`` dirty (cheap, never blocks for long: safe from an event handler)."""

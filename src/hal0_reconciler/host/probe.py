@@ -157,6 +157,10 @@ def probe_rocm_lane(
         return _failed(credentials, f"probe child as {_who(credentials)}: {detail}")
     if "error" in report:
         return _failed(credentials, f"probe child as {_who(credentials)}: {report['error']}")
+    if report.get("uid") != credentials.uid:
+        return _failed(
+            credentials, f"probe child reported uid {report.get('uid')!r}, not {_who(credentials)}"
+        )
     nodes = _parse_nodes(report, paths)
     if isinstance(nodes, str):
         return _failed(credentials, f"probe child as {_who(credentials)}: {nodes}")

@@ -31,7 +31,7 @@ class SlotDoc:
     @property
     def token(self) -> str:
         """The systemd unit token: `id` when set, else `name` (hal0-slot@<token>.service)."""
-        return self.id if self.id else self.name
+        return self.id or self.name
 
 
 _BACKEND_TO_DEVICE: Mapping[str, str] = {

@@ -188,7 +188,15 @@ def _insertion(
     return (at, at, line + eol)
 
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
 _LITERAL_SAFE = re.compile(r"[^'\x00-\x08\x0a-\x1f\x7f]*")
 
 
@@ -381,11 +389,11 @@ class _Scanner:
             if delimiter == '"""' and self.at("\\"):
                 self.pos += 2
             elif self.at(delimiter):
-                end = self.pos + 3
                 # up to two more quotes right before the delimiter belong to the content
-                while end < len(self.text) and self.text[end] == delimiter[0] and end - self.pos < 5:
-                    end += 1
-                self.pos = end
+                quotes = 3
+                while quotes < 5 and self.at(delimiter[0] * (quotes + 1)):
+                    quotes += 1
+                self.pos += quotes
                 return
             else:
                 self.pos += 1

@@ -1,0 +1,227 @@
+"""structlog configuration, decided once (from the CLI): journald, console or JSON.
+
+- ``journal`` (auto under systemd: ``JOURNAL_STREAM`` names our stderr): one line per event,
+  prefixed with the sd-daemon priority (``<4>`` warning, ``<3>`` error ...) so
+  ``journalctl -p warning`` shows exactly the warnings; a traceback stays on that line (its
+  newlines escaped). When the Debian ``systemd`` Python module is importable, the event is sent
+  natively instead (same line as MESSAGE, plus EVENT=, SLOT=, PATH= ... fields), so
+  ``journalctl -u hal0-reconciler SLOT=agent`` works; not both, or the journal would hold it twice.
+- ``console`` on a terminal: structlog's readable renderer.
+- ``json`` otherwise and for pipelines.
+
+Only structlog APIs that exist in 22.3 (Debian 12) are used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+from hal0_reconciler.settings import LogFormat
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+# sd-daemon(3) priorities by structlog method / level name
+_PRIORITY = {
+    "critical": 2,
+    "exception": 3,
+    "error": 3,
+    "warning": 4,
+    "warn": 4,
+    "msg": 6,
+    "info": 6,
+    "debug": 7,
+}
+_FIELD_NAME = re.compile(r"[^A-Z0-9_]")
+_BARE = re.compile(r"^[A-Za-z0-9_.,:/@+%=-]+$")
+SYSLOG_IDENTIFIER = "hal0-reconciler"
+
+Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
+
+
+def journal_stream_is_stderr(stream: TextIO | None = None) -> bool:
+    """True when ``JOURNAL_STREAM`` (``dev:inode``) names this process's stderr."""
+    dev, _, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat((stream or sys.stderr).fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+def resolve_format(fmt: LogFormat) -> LogFormat:
+    """``auto`` → journal under systemd, console on a terminal, json otherwise."""
+    if fmt is not LogFormat.AUTO:
+        return fmt
+    if journal_stream_is_stderr():
+        return LogFormat.JOURNAL
+    try:
+        if sys.stderr.isatty():
+            return LogFormat.CONSOLE
+    except (AttributeError, ValueError):
+        pass
+    return LogFormat.JSON
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text and _BARE.match(text):
+        return text
+    return json.dumps(text, ensure_ascii=False)  # quotes, and "\n" stays on one line
+
+
+def journal_line(method_name: str, event_dict: MutableMapping[str, Any]) -> str:
+    """``<N>event key=value ...`` on one line (no timestamp: the journal has one)."""
+    fields = dict(event_dict)
+    level = str(fields.pop("level", method_name))
+    event = str(fields.pop("event", ""))
+    fields.pop("timestamp", None)
+    priority = _PRIORITY.get(level, _PRIORITY.get(method_name, 6))
+    parts = [event.replace("\n", "\\n")]
+    parts.extend(f"{k}={_value(v)}" for k, v in fields.items())
+    return f"<{priority}>" + " ".join(parts)
+
+
+def native_fields(line: str, event_dict: MutableMapping[str, Any]) -> dict[str, str]:
+    """journal.send() keyword fields for one event: MESSAGE, PRIORITY, EVENT, SLOT ..."""
+    priority = line[1] if line.startswith("<") else "6"
+    fields = {
+        "MESSAGE": line[3:] if line.startswith("<") else line,
+        "PRIORITY": priority,
+        "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
+        "EVENT": str(event_dict.get("event", "")),
+    }
+    for key, value in event_dict.items():
+        if key in {"event", "level", "timestamp"}:
+            continue
+        name = _FIELD_NAME.sub("_", key.upper()).lstrip("_")
+        if name and name not in fields and not name.startswith(("MESSAGE", "PRIORITY")):
+            fields[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return fields
+
+
+class JournalLogger:
+    """The final sink under systemd: native journal when available, else one stderr line."""
+
+    def __init__(self, file: TextIO | None = None, send: Callable[..., Any] | None = None) -> None:
+        self._file = file
+        self._send = send
+
+    def msg(self, line: str, fields: dict[str, str] | None = None) -> None:
+        if self._send is not None and fields is not None:
+            try:
+                self._send(**fields)
+            except Exception:  # noqa: S110 - fall through to stderr
+                pass
+            else:
+                return
+        out = self._file or sys.stderr
+        out.write(line + "\n")
+        out.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def _journal_renderer(*, native: bool) -> Processor:
+    def render(_logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        line = journal_line(method_name, event_dict)
+        if not native:
+            return ((line,), {})
+        return ((line,), {"fields": native_fields(line, event_dict)})
+
+    return render
+
+
+def _journal_send() -> Callable[..., Any] | None:
+    try:
+        from systemd import journal
+    except ImportError:
+        return None
+    send: Callable[..., Any] = journal.send
+    return send
+
+
+class _StdlibJournalFormatter(logging.Formatter):
+    """stdlib records (watchdog's) as one prefixed line too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4}.get(record.levelno, 3)
+        text = super().format(record).replace("\n", "\\n")
+        return f"<{priority}>{text}"
+
+
+class _StdlibJsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "event": record.getMessage(),
+            "logger": record.name,
+            "level": record.levelname.lower(),
+        }
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload)
+
+
+def configure(fmt: LogFormat, level: str) -> LogFormat:
+    """Configure structlog (and stdlib logging for libraries) once; returns the format used."""
+    resolved = resolve_format(fmt)
+    threshold = _LEVELS.get(level.lower(), logging.INFO)
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+    ]
+    logger_factory: Callable[..., Any]
+    handler = logging.StreamHandler(sys.stderr)
+    if resolved is LogFormat.JOURNAL:
+        send = _journal_send()
+        processors = [
+            *shared,
+            structlog.processors.format_exc_info,
+            _journal_renderer(native=send is not None),
+        ]
+        sink = JournalLogger(send=send)
+        logger_factory = lambda *_args: sink  # noqa: E731 - one shared sink
+        handler.setFormatter(_StdlibJournalFormatter("%(name)s: %(message)s"))
+    elif resolved is LogFormat.CONSOLE:
+        processors = [
+            *shared,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(),
+        ]
+        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    else:
+        processors = [
+            *shared,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ]
+        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        handler.setFormatter(_StdlibJsonFormatter())
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=logger_factory,
+        cache_logger_on_first_use=False,
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(threshold, logging.WARNING))
+    return resolved

@@ -1,0 +1,254 @@
+"""The ``aiter`` verbs: plan, heal, restore, explain. Exit codes: 0 nothing to do / done,
+2 a heal is pending (plan) or was refused because a build runs (heal), 1 error (including a
+module whose heal does not converge)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from hal0_reconciler.aiter import heal, monitor, plan, routing
+from hal0_reconciler.settings import AiterTree, Settings
+
+_KERNEL = re.compile(r"kernel '([^']+)' is not present in the compiled registry")
+_TABLE = re.compile(r"aiter/configs/([\w./-]+\.csv)")
+EXIT_OK, EXIT_ERROR, EXIT_PENDING = 0, 1, 2
+
+
+def add_parser(subparsers: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+    """Register the ``aiter`` verb and its sub-verbs; ``parents`` (the global options) and the
+    aiter options go on every sub-verb, so ``aiter plan --config X --package-dir Y`` works."""
+    opts = argparse.ArgumentParser(add_help=False)
+    opts.add_argument(
+        "--package-dir",
+        type=Path,
+        help="check this aiter package folder instead of the configured trees",
+    )
+    opts.add_argument("--jit-dir", type=Path, help="JIT folder (default: aiter's own rule)")
+    opts.add_argument("--target", help="'auto' or gfxNNN:CUs, e.g. gfx942:304")
+    opts.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="base environment entry (repeatable)",
+    )
+    opts.add_argument("--routing-file", type=Path, help="routing data replacing the shipped one")
+    opts.add_argument("--no-slots", action="store_true", help="ignore slot environments")
+    common = [*parents, opts]
+    parser = subparsers.add_parser("aiter", help="check and heal aiter's compiled kernel registry")
+    verbs = parser.add_subparsers(dest="aiter_verb", required=True, metavar="SUBVERB")
+    p = verbs.add_parser("plan", parents=common, help="verdict per environment and module")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    verbs.add_parser("heal", parents=common, help="quarantine exactly the stale modules")
+    r = verbs.add_parser("restore", parents=common, help="put a quarantine back")
+    r.add_argument("id")
+    e = verbs.add_parser("explain", parents=common, help="explain a registry-miss error message")
+    e.add_argument("text")
+
+
+def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None) -> int:
+    """Run one ``aiter`` sub-verb; returns the exit code."""
+    out = out if out is not None else sys.stdout
+    try:
+        settings = _effective(args, settings)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if not settings.aiter.trees:
+        print("error: no aiter tree configured ([[aiter.trees]] or --package-dir)", file=sys.stderr)
+        return EXIT_ERROR
+    mon = monitor.AiterMonitor(settings)
+    verb = args.aiter_verb
+    if verb == "restore":
+        try:
+            restored, displaced = mon.restore(args.id)
+        except (heal.HealFailed, OSError, routing.RoutingError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"restored quarantine {restored.id}: {', '.join(restored.modules)}", file=out)
+        if displaced is not None:
+            print(f"what stood in its place is in quarantine {displaced.id}", file=out)
+        return EXIT_OK
+    report = mon.check(heal=verb == "heal")
+    if report.errors and not report.plans:
+        for err in report.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if verb == "explain":
+        return _explain(args.text, report, mon, out)
+    if verb == "plan" and args.json:
+        json.dump(_jsonable(report), out, indent=1)
+        out.write("\n")
+    else:
+        _print_report(report, out)
+    if report.errors or report.not_converging:
+        return EXIT_ERROR
+    if report.heal_pending or report.retry_soon:
+        return EXIT_PENDING
+    return EXIT_OK
+
+
+def _effective(args: argparse.Namespace, settings: Settings) -> Settings:
+    cfg = settings.aiter
+    if args.routing_file is not None:
+        cfg = dataclasses.replace(cfg, routing_file=args.routing_file)
+    env: dict[str, str] = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {item!r} is not KEY=VALUE")
+        env[key] = value
+    if args.package_dir is not None:
+        tree = AiterTree(
+            package_dir=args.package_dir,
+            jit_dir=args.jit_dir,
+            target=args.target or "auto",
+            base_env=env,
+            slot_envs=not args.no_slots,
+        )
+        cfg = dataclasses.replace(cfg, trees=(tree,))
+    elif args.jit_dir or args.target or env or args.no_slots:
+        cfg = dataclasses.replace(
+            cfg,
+            trees=tuple(
+                dataclasses.replace(
+                    t,
+                    jit_dir=args.jit_dir or t.jit_dir,
+                    target=args.target or t.target,
+                    base_env={**t.base_env, **env},
+                    slot_envs=t.slot_envs and not args.no_slots,
+                )
+                for t in cfg.trees
+            ),
+        )
+    return dataclasses.replace(settings, aiter=cfg)
+
+
+def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
+    for p in report.plans:
+        print(f"== {p.tree} [{p.environment}] target {p.target}, jit {p.jit_dir}", file=out)
+        for problem in p.problems:
+            print(f"  ! {problem}", file=out)
+        for res in p.resolutions:
+            for f in res.files:
+                if res.route.compiled:
+                    flag = "" if f.exists else " (missing)"
+                    print(f"  table {f.path} [{f.origin}]{flag}", file=out)
+        for src in p.sources:
+            if src.error is not None:
+                print(f"  ! table {src.file.path} unreadable: {src.error}", file=out)
+            elif src.table is not None and src.table.quirks:
+                print(f"  ~ table {src.file.path}: {'; '.join(src.table.quirks)}", file=out)
+        for m in p.modules:
+            print(f"  {m.module}: {m.status} -> {m.action} ({m.reason})", file=out)
+            for miss in m.missing[:10]:
+                refs = ", ".join(f"{r.table}:{r.line}" for r in miss.refs[:3])
+                print(f"      missing {miss.name}  <- {refs}", file=out)
+            if len(m.missing) > 10:
+                print(f"      ... and {len(m.missing) - 10} more", file=out)
+    for h in report.heals:
+        if h.quarantine:
+            print(
+                f"healed {h.jit_dir}: {', '.join(h.modules)} -> quarantine {h.quarantine} "
+                f"(restore with: hal0-reconciler aiter restore {h.quarantine})",
+                file=out,
+            )
+            for path, who in h.still_mapped.items():
+                print(f"  {path} is still mapped by {'; '.join(who)}: restart them", file=out)
+        elif h.refused:
+            print(f"heal refused in {h.jit_dir}, a build runs: {'; '.join(h.refused)}", file=out)
+        elif h.error:
+            print(f"heal FAILED in {h.jit_dir}: {h.error}", file=out)
+
+
+def _jsonable(report: monitor.MonitorReport) -> dict[str, Any]:
+    def conv(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {
+                f.name: conv(getattr(value, f.name))
+                for f in dataclasses.fields(value)
+                if f.name != "table"
+            }
+        if isinstance(value, tuple | list):
+            return [conv(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): conv(v) for k, v in value.items()}
+        if isinstance(value, str | int | float | bool) or value is None:
+            return value
+        return str(value)
+
+    return {
+        "heal_pending": report.heal_pending,
+        "not_converging": report.not_converging,
+        "plans": [conv(p) for p in report.plans],
+        "heals": [conv(h) for h in report.heals],
+        "errors": list(report.errors),
+    }
+
+
+def _explain(
+    text: str, report: monitor.MonitorReport, mon: monitor.AiterMonitor, out: TextIO
+) -> int:
+    match = _KERNEL.search(text)
+    if match is None:
+        print(
+            "error: no \"kernel '...' is not present in the compiled registry\" in the text",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    kernel = match[1]
+    table_hint = _TABLE.search(text)
+    print(f"kernel {kernel}", file=out)
+    if table_hint:
+        print(f"  the message names table {table_hint[1]}", file=out)
+    found = False
+    for p in report.plans:
+        refs = [
+            (src, row)
+            for src in p.sources
+            if src.table is not None
+            for row in src.table.rows
+            if row.name == kernel
+        ]
+        if not refs:
+            continue
+        found = True
+        module = refs[0][1].module
+        print(f"== {p.tree} [{p.environment}] target {p.target}", file=out)
+        print(f"  module {module}", file=out)
+        for src, row in refs[:20]:
+            print(f"  named by {src.file.path}:{row.line} [{src.file.origin}]", file=out)
+        mod = next((m for m in p.modules if m.module == module), None)
+        if mod is None:
+            continue
+        if mod.status is plan.Status.NOT_BUILT:
+            print(f"  {mod.so_path} is not built: aiter builds it from these tables", file=out)
+        else:
+            has = all(m.name != kernel for m in mod.missing)
+            print(f"  {mod.so_path} {'registers' if has else 'does NOT register'} it", file=out)
+        heal_says = {
+            plan.Action.HEAL: f"heal would quarantine {mod.module}.so and build/{mod.module}/ "
+            "so aiter rebuilds it from the current tables",
+            plan.Action.WARN: "shape-keyed: heal only warns (setting heal_shape_keyed)",
+            plan.Action.STUCK: f"heal will not act again: {mod.reason}",
+            plan.Action.HELD: f"heal leaves it alone: {mod.reason}",
+            plan.Action.NONE: "heal has nothing to do",
+        }[mod.action]
+        print(f"  {heal_says}", file=out)
+    if not found:
+        print(
+            "  no table a boot from the configured environments loads names it for the "
+            "target; the crashed server's environment may differ (check its AITER_CONFIG_* "
+            "and GPU_ARCHS)",
+            file=out,
+        )
+        del mon
+        return EXIT_ERROR
+    return EXIT_OK

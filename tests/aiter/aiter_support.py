@@ -1,0 +1,162 @@
+"""Shared helpers and fixtures (re-exported by conftest.py): real tables, gcc-built modules (built once per session), aiter trees in tmp."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler.aiter import routing, tables
+from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+
+FIXTURE_CONFIGS = (
+    Path(__file__).resolve().parents[3] / "shared/fixtures/aiter/e4048607/aiter/configs"
+)
+if not FIXTURE_CONFIGS.is_dir():
+    FIXTURE_CONFIGS = Path("/work/shared/fixtures/aiter/e4048607/aiter/configs")
+DATA_CONFIGS = Path(__file__).parent / "data" / "configs"
+GFX950 = tables.Target("gfx950", 256)
+GFX942 = tables.Target("gfx942", 80)
+BPS = "a8w8_blockscale_bpreshuffle_tuned_gemm"
+BPS_CK = "module_gemm_a8w8_blockscale_bpreshuffle"
+BPS_CKTILE = "module_gemm_a8w8_blockscale_bpreshuffle_cktile"
+
+
+@pytest.fixture(scope="session")
+def real_configs() -> Path:
+    if not FIXTURE_CONFIGS.is_dir():
+        pytest.skip(f"real aiter tables not present at {FIXTURE_CONFIGS} (../shared/fixtures)")
+    return FIXTURE_CONFIGS
+
+
+@pytest.fixture(scope="session")
+def rules() -> routing.Routing:
+    from importlib import resources
+
+    text = resources.files("hal0_reconciler.aiter").joinpath("routing.toml").read_text()
+    return routing.parse_routing(text)
+
+
+def route_of(rules: routing.Routing, stem: str) -> routing.TableRoute:
+    return next(t for t in rules.tables if t.stem == stem)
+
+
+def names_for(configs: Path, rules: routing.Routing, target: tables.Target) -> dict[str, set[str]]:
+    """module → names the committed tables (default + overlays) route to it for ``target``."""
+    out: dict[str, set[str]] = {}
+    for path in [configs / f"{BPS}.csv", *sorted((configs / "model_configs").glob(f"*{BPS}*.csv"))]:
+        if "untuned" in path.name:
+            continue
+        table = tables.parse_table(
+            path.read_bytes(), route=route_of(rules, BPS), targets=frozenset({target})
+        )
+        for row in table.rows:
+            out.setdefault(row.module, set()).add(row.name)
+    return out
+
+
+class SoBuilder:
+    """Builds real shared objects with gcc whose string literals are the registered names."""
+
+    def __init__(self, root: Path) -> None:
+        if shutil.which("gcc") is None:
+            pytest.skip("gcc is not installed")
+        self.root = root
+        self.count = 0
+
+    def build(
+        self, names: Iterable[str], *, flags: tuple[str, ...] = ("-O0",), pad_bytes: int = 0
+    ) -> Path:
+        self.count += 1
+        src = self.root / f"m{self.count}.c"
+        lines = ",\n".join(f'  "{n}"' for n in sorted(names))
+        pad = f"\n__attribute__((used)) const char pad[{pad_bytes}] = {{1}};" if pad_bytes else ""
+        src.write_text(
+            "__attribute__((used)) const char *const registered_names[] = {\n"
+            f"{lines}\n}};\n{pad}\n"
+        )
+        out = self.root / f"m{self.count}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True)
+        return out
+
+
+@pytest.fixture(scope="session")
+def so_builder(tmp_path_factory: pytest.TempPathFactory) -> SoBuilder:
+    return SoBuilder(tmp_path_factory.mktemp("so"))
+
+
+@pytest.fixture(scope="session")
+def built_modules(so_builder: SoBuilder, rules: routing.Routing) -> dict[str, Path]:
+    """Healthy gfx950:256 modules for the committed tables, plus a stale ck module (3 names short)."""
+    need = names_for(DATA_CONFIGS, rules, GFX950)
+    ck = sorted(need[BPS_CK])
+    return {
+        BPS_CK: so_builder.build(ck),
+        BPS_CKTILE: so_builder.build(need[BPS_CKTILE]),
+        "stale_ck": so_builder.build(ck[3:]),
+        "stale_cktile": so_builder.build(sorted(need[BPS_CKTILE])[1:]),
+    }
+
+
+def csv_text(header: list[str], rows: list[list[str]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+TreeFactory = Callable[..., "Tree"]
+
+
+class Tree:
+    """An aiter install in tmp: package/configs (copied), package/jit with modules and build dirs."""
+
+    def __init__(self, root: Path, configs_from: Path) -> None:
+        self.root = root
+        self.package = root / "site-packages" / "aiter"
+        self.configs = self.package / "configs"
+        shutil.copytree(configs_from, self.configs)
+        self.jit = self.package / "jit"
+        (self.jit / "build").mkdir(parents=True)
+        self.state = root / "state"
+        self.slots = root / "slots"
+        self.slots.mkdir()
+
+    def install(self, module: str, so: Path) -> Path:
+        """Put ``so`` in place as ``module`` with a build folder, like a finished aiter build."""
+        dst = self.jit / f"{module}.so"
+        shutil.copyfile(so, dst)
+        blob = self.jit / "build" / module / "blob"
+        blob.mkdir(parents=True, exist_ok=True)
+        (blob / "gen.cpp").write_text(f"// generated for {module}\n")
+        return dst
+
+    def settings(self, *, target: str = "gfx950:256", **options: object) -> Settings:
+        tree = AiterTree(package_dir=self.package, target=target)
+        return Settings(
+            slots_dir=self.slots,
+            state_dir=self.state,
+            aiter=AiterSettings(trees=(tree,), **options),
+        )  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_tree(tmp_path: Path) -> Callable[..., Tree]:
+    def make(configs_from: Path = DATA_CONFIGS) -> Tree:
+        return Tree(tmp_path / "tree", configs_from)
+
+    return make
+
+
+@pytest.fixture
+def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process scans see nothing (the test host's own compilers must not block heals)."""
+    from hal0_reconciler.aiter import heal
+
+    monkeypatch.setattr(heal.psutil, "process_iter", lambda *_a, **_k: iter(()))

@@ -1,0 +1,10 @@
+"""Fixtures for the aiter suite (defined in aiter_support.py)."""
+
+from aiter_support import (  # noqa: F401
+    built_modules,
+    make_tree,
+    no_processes,
+    real_configs,
+    rules,
+    so_builder,
+)

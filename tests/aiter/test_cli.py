@@ -1,0 +1,141 @@
+"""The `aiter` verbs: exit codes, JSON, explain, heal twice, restore, and one real subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiter_support import BPS_CK, BPS_CKTILE
+
+from hal0_reconciler.aiter import cli, heal, monitor
+
+pytestmark = pytest.mark.usefixtures("no_processes")
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _run(tree, *argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["aiter", *argv])
+    out = io.StringIO()
+    return cli.main(args, tree.settings(), out=out), out.getvalue()
+
+
+@pytest.fixture
+def tree(make_tree, built_modules):
+    t = make_tree()
+    t.install(BPS_CK, built_modules[BPS_CK])
+    t.install(BPS_CKTILE, built_modules["stale_cktile"])
+    return t
+
+
+def test_plan_exits_2_when_a_heal_is_pending_and_0_after(tree, built_modules):
+    """Stale module: 2; healthy again: 0."""
+    assert _run(tree, "plan")[0] == 2
+    tree.install(BPS_CKTILE, built_modules[BPS_CKTILE])
+    assert _run(tree, "plan")[0] == 0
+
+
+def test_plan_json_lists_the_missing_names_and_rows(tree):
+    """--json carries the verdict, missing names and their table rows."""
+    code, out = _run(tree, "plan", "--json")
+    doc = json.loads(out)
+    (cktile,) = [m for m in doc["plans"][0]["modules"] if m["module"] == BPS_CKTILE]
+    assert (
+        code,
+        doc["heal_pending"],
+        cktile["status"],
+        cktile["action"],
+    ) == (2, True, "uncovered", "heal")
+    assert cktile["missing"][0]["refs"][0]["line"] > 1
+
+
+def test_plan_exits_1_on_error(tree, tmp_path):
+    """Broken routing data is an error, not 'nothing to do'."""
+    bad = tmp_path / "routing.toml"
+    bad.write_text("not = [toml")
+    assert _run(tree, "plan", "--routing-file", str(bad))[0] == 1
+
+
+def test_heal_then_second_heal_after_unchanged_rebuild_refuses_to_loop(tree, built_modules):
+    """heal quarantines the stale module; after an unchanged rebuild, heal exits 1 and moves nothing."""
+    code, out = _run(tree, "heal")
+    assert code == 0
+    assert "quarantine" in out
+    tree.install(BPS_CKTILE, built_modules["stale_cktile"])
+    code, out = _run(tree, "heal")
+    assert (code, len(heal.list_quarantines(tree.jit))) == (1, 1)
+    assert "not-converging" in out
+
+
+def test_restore_verb(tree):
+    """restore <id> puts the module back; an unknown id is exit 1."""
+    _run(tree, "heal")
+    (qdir,) = heal.list_quarantines(tree.jit)
+    assert (
+        _run(tree, "restore", qdir.name)[0],
+        (tree.jit / f"{BPS_CKTILE}.so").exists(),
+    ) == (0, True)
+    assert _run(tree, "restore", "19990101T000000Z")[0] == 1
+
+
+def test_explain_a_real_registry_miss_message(tree):
+    """The crash text names the kernel: explain finds module, rows, the disk verdict and the heal."""
+    report = monitor.AiterMonitor(tree.settings()).check(heal=False)
+    (cktile,) = [m for m in report.plans[0].modules if m.module == BPS_CKTILE]
+    kernel = cktile.missing[0].name
+    text = (
+        f"[aiter] kernel '{kernel}' is not present in the compiled registry. The tuned CSV "
+        "references a kernel that was not built into aiter. Rebuild aiter (or remove this row "
+        "from aiter/configs/a8w8_blockscale_bpreshuffle_tuned_gemm.csv) and try again."
+    )
+    code, out = _run(tree, "explain", text)
+    assert code == 0
+    assert f"module {BPS_CKTILE}" in out
+    assert "does NOT register it" in out
+    assert "heal would quarantine" in out
+    assert cktile.missing[0].refs[0].line == int(out.split("named by ")[1].split(":")[1].split()[0])
+
+
+def test_explain_without_the_marker_is_an_error(tree):
+    """Text without the registry-miss marker: exit 1."""
+    assert _run(tree, "explain", "Segmentation fault")[0] == 1
+
+
+def test_real_subprocess_plan(tree, tmp_path):
+    """`python -m hal0_reconciler aiter plan` over the tree: exit 2 and the stale module named."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "HAL0_HOME": str(tmp_path / "nohal0")}
+    argv = [
+        sys.executable,
+        "-m",
+        "hal0_reconciler",
+        "aiter",
+        "plan",
+        "--package-dir",
+        str(tree.package),
+        "--jit-dir",
+        str(tree.jit),
+        "--target",
+        "gfx950:256",
+        "--state-dir",
+        str(tree.state),
+        "--slots-dir",
+        str(tree.slots),
+        "--log-level",
+        "error",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{BPS_CKTILE}: uncovered -> heal" in proc.stdout
+
+
+def test_options_override_configured_trees(tree, built_modules):
+    """--target on a configured tree replaces its target (here: gfx942:80 makes ck stale too)."""
+    code, out = _run(tree, "plan", "--target", "gfx942:80", "--no-slots")
+    assert (2, "target gfx942:80") == (code, out.split(", jit")[0].split("] ")[1])

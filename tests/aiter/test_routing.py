@@ -1,0 +1,64 @@
+"""Routing data: table + libtype → module, shipped as TOML."""
+
+from __future__ import annotations
+
+import pytest
+from aiter_support import BPS, BPS_CK, BPS_CKTILE, route_of
+
+from hal0_reconciler.aiter import routing
+
+
+def test_blockscale_bpreshuffle_cktile_rows_go_to_their_own_module(rules):
+    """Since aiter #2069 the cktile rows compile into *_bpreshuffle_cktile, not *_blockscale_cktile."""
+    route = route_of(rules, BPS)
+    assert route.module_for("cktile", "a8w8_blockscale_cktile_x") == BPS_CKTILE
+    assert route.module_for("ck", "a8w8_blockscale_x") == BPS_CK
+
+
+@pytest.mark.parametrize(
+    ("libtype", "name"),
+    [
+        ("asm", "_ZN5aiter42fp8gemm"),
+        ("triton", "t"),
+        ("flydsl", "f"),
+        ("opus", "o"),
+        ("gluon", "g"),
+        ("torch", "x"),
+        ("skinny", "s"),
+    ],
+)
+def test_libtypes_outside_modules_are_skipped(rules, libtype, name):
+    """Only ck and cktile rows are compiled into a module_*.so."""
+    assert None is route_of(rules, BPS).module_for(libtype, name)
+
+
+def test_tables_without_libtype_skip_asm_names(rules):
+    """Without a libtype column, a `_ZN` name is an asm kernel; other names go to the module."""
+    route = route_of(rules, "a4w4_blockscale_tuned_gemm")
+    assert None is route.module_for(None, "_ZN5aiter41f4gemm_bf16")
+    assert route.module_for(None, "a4w4_kernel") == "module_gemm_a4w4_blockscale"
+
+
+def test_keying_decides_severity(rules):
+    """Blockscale tables are name-keyed (crash); a8w8/bpreshuffle/batched are shape-keyed."""
+    assert route_of(rules, BPS).keyed == routing.Keyed.NAME
+    assert route_of(rules, "a8w8_bpreshuffle_tuned_gemm").keyed == routing.Keyed.SHAPE
+    assert not route_of(rules, "tuned_fmoe").compiled
+
+
+def test_unknown_version_is_an_error_naming_the_known_ones():
+    """Asking for a version the data does not hold names the versions it does."""
+    text = 'default = "v1"\n[versions.v1.tables.t]\nvariable = "AITER_CONFIG_T"\n'
+    with pytest.raises(routing.RoutingError, match="v1"):
+        routing.parse_routing(text, version="v2")
+
+
+def test_operator_routing_overrides_modules():
+    """Operator data can route a table anywhere (module names must start with module_)."""
+    text = (
+        'default = "x"\n[versions.x.tables.s]\nvariable = "AITER_CONFIG_S"\nkeyed = "name"\n'
+        'modules = { ck = "module_other" }\n'
+    )
+    assert routing.parse_routing(text).tables[0].module_for("ck", "k") == "module_other"
+    with pytest.raises(routing.RoutingError, match="modules"):
+        routing.parse_routing(text.replace("module_other", "other"))

@@ -1,0 +1,132 @@
+"""Reading tuned tables: target and libtype filters, real-world dirt, arbitrary bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import string
+
+import pytest
+from aiter_support import BPS, BPS_CK, BPS_CKTILE, GFX942, GFX950, csv_text, route_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hal0_reconciler.aiter import tables
+
+HEADER = ["gfx", "cu_num", "M", "libtype", "kernelName"]
+
+
+def _parse(rules, data: bytes, targets=frozenset({GFX950}), stem: str = BPS) -> tables.Table:
+    return tables.parse_table(data, route=route_of(rules, stem), targets=targets)
+
+
+def test_rows_for_other_targets_are_dropped_on_a_real_table(real_configs, rules):
+    """glm5 overlay: gfx942:80 rows are never compiled for gfx950:256 and are not counted."""
+    data = (real_configs / "model_configs" / f"glm5_{BPS}.csv").read_bytes()
+    on950 = _parse(rules, data)
+    on942 = _parse(rules, data, frozenset({GFX942}))
+    assert (len(on950.rows), on950.other_target_rows) == (79, 134)
+    assert (len(on942.rows), on942.other_target_rows) == (117, 79)
+    assert {BPS_CK, BPS_CKTILE} == {r.module for r in on950.rows}
+    assert on942.uncompiled_rows == 17  # asm rows
+
+
+def test_row_line_numbers_count_the_header_as_line_one(rules):
+    """References point at the file's own line numbers."""
+    text = csv_text(
+        HEADER, [["gfx950", "256", "1", "asm", "_ZNx"], ["gfx950", "256", "1", "ck", "k1"]]
+    )
+    assert [(r.name, r.line, r.module) for r in _parse(rules, text.encode()).rows] == [
+        ("k1", 3, BPS_CK)
+    ]
+
+
+def test_no_libtype_column_skips_zn_and_empty_names(rules):
+    """Tables without libtype: `_ZN` names are asm, empty names fall back to a default kernel."""
+    text = csv_text(
+        ["gfx", "cu_num", "kernelName"],
+        [["gfx950", "256", "_ZN5aiterX"], ["gfx950", "256", ""], ["gfx950", "256", "a4"]],
+    )
+    table = _parse(rules, text.encode(), stem="a4w4_blockscale_tuned_gemm")
+    assert [r.name for r in table.rows] == ["a4"]
+
+
+GOOD = csv_text(
+    HEADER, [["gfx950", "256", "1", "ck", "kern_a"], ["gfx950", "256", "2", "ck", "kern_b"]]
+)
+
+
+@pytest.mark.parametrize(
+    ("label", "data", "names", "quirk"),
+    [
+        ("utf-8 bom", b"\xef\xbb\xbf" + GOOD.encode(), ["kern_a", "kern_b"], "byte order mark"),
+        ("utf-16", GOOD.encode("utf-16"), ["kern_a", "kern_b"], "UTF-16"),
+        (
+            "ragged",
+            (GOOD + "gfx950,256,3,ck,kern_c,extra\ngfx950,256\n").encode(),
+            ["kern_a", "kern_b", "kern_c"],
+            "ragged",
+        ),
+        (
+            "overlong field",
+            GOOD.encode() + b"gfx950,256," + b"9" * 140_000 + b",ck,kern_c\n",
+            ["kern_a", "kern_b", "kern_c"],
+            "over the csv module's 131072 limit",
+        ),
+        ("no final newline", GOOD.rstrip("\n").encode(), ["kern_a", "kern_b"], "no final newline"),
+    ],
+)
+def test_dirty_tables_are_read_with_one_quirk(rules, label, data, names, quirk):
+    """Dirt that can be read is read, and noted once."""
+    table = _parse(rules, data)
+    assert names == [r.name for r in table.rows], label
+    assert len(table.quirks) == 1, table.quirks
+    assert quirk in table.quirks[0]
+
+
+@pytest.mark.parametrize(
+    ("label", "data", "reason"),
+    [
+        ("header-only 5-byte untuned file", b"M,N,K", "no kernelName column"),
+        ("empty", b"", "empty file"),
+        ("not utf-8", b"gfx,kernelName\n\xff\xfe\xfd\n"[0:14] + b"\xc3\x28\n", "not UTF-8"),
+        ("binary", b"\x7fELF\x00\x00", "NUL"),
+        ("quoted overlong", ('kernelName\n"' + "x" * 140_000 + '"\n').encode(), "CSV error"),
+    ],
+)
+def test_unreadable_tables_raise_one_reason(rules, label, data, reason):
+    """What cannot be read raises TableUnreadable naming why."""
+    with pytest.raises(tables.TableUnreadable, match=reason):
+        _parse(rules, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes_raise_nothing_but_table_unreadable(rules, data):
+    """Any bytes: a Table or TableUnreadable, never another exception."""
+    with contextlib.suppress(tables.TableUnreadable):
+        _parse(rules, data)
+
+
+_NAME = st.text(alphabet=string.ascii_letters + string.digits + '_x",. ', min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            _NAME,
+            st.sampled_from(["ck", "cktile", "asm", "triton"]),
+            st.sampled_from([GFX950, GFX942]),
+        ),
+        max_size=30,
+    )
+)
+def test_generated_tables_round_trip_their_kernel_names(rules, rows):
+    """Kernel names of well-formed CSVs (quoting included) come back for the target and libtypes kept."""
+    text = csv_text(HEADER, [[t.gfx, str(t.cu_num), "1", lib, name] for name, lib, t in rows])
+    expected = [
+        name.strip()
+        for name, lib, t in rows
+        if t == GFX950 and lib in {"ck", "cktile"} and name.strip()
+    ]
+    assert expected == [r.name for r in _parse(rules, text.encode()).rows]

@@ -1,0 +1,112 @@
+"""The keyed work queue: level-triggered, settled, capped, never two batches at once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hal0_reconciler.daemon.workqueue import Closed, Special, WorkQueue
+from hal0_reconciler.model import SlotKey
+
+A = SlotKey("/s/a.toml")
+B = SlotKey("/s/b.toml")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def queue(clock: FakeClock) -> WorkQueue:
+    return WorkQueue(settle=0.2, cap=2.0, clock=clock)
+
+
+def test_many_events_for_one_key_are_one_unit_of_work(queue: WorkQueue, clock: FakeClock) -> None:
+    """N events for one key before it is taken give one key in one batch."""
+    for _ in range(50):
+        queue.add(A)
+    clock.now += 0.2
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert frozenset({A}) == batch.keys
+    assert 50 == batch.events
+
+
+def test_nothing_is_taken_inside_the_settle_window(queue: WorkQueue, clock: FakeClock) -> None:
+    """A batch is ready only 200 ms after the last event."""
+    queue.add(A)
+    clock.now += 0.15
+    queue.add(B)
+    clock.now += 0.15
+    assert queue.take(clock.now) is None
+    clock.now += 0.05
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (A, B) == batch.slots
+
+
+def test_continuous_churn_is_capped(queue: WorkQueue, clock: FakeClock) -> None:
+    """Events every 100 ms never settle, but the batch is taken 2 s after the first one."""
+    taken = None
+    for _ in range(40):
+        queue.add(A)
+        clock.now += 0.1
+        taken = queue.take(clock.now)
+        if taken is not None:
+            break
+    assert taken is not None
+    assert 100.0 + 2.0 == pytest.approx(clock.now, abs=0.11)
+
+
+def test_a_key_added_while_processing_comes_back_after_done(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    """A key re-added during its own processing is not taken twice at once, but is not lost."""
+    queue.add(A)
+    clock.now += 1
+    first = queue.take(clock.now)
+    assert first is not None
+    queue.add(A)
+    clock.now += 1
+    assert queue.take(clock.now) is None
+    queue.done(first)
+    again = queue.take(clock.now)
+    assert again is not None
+    assert frozenset({A}) == again.keys
+
+
+def test_everything_covers_every_other_key(queue: WorkQueue, clock: FakeClock) -> None:
+    """A full pass in the batch absorbs slot and host-facts keys."""
+    queue.add_many([A, Special.HOST_FACTS, Special.EVERYTHING, B])
+    clock.now += 1
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert frozenset({Special.EVERYTHING}) == batch.keys
+    assert batch.host_facts
+
+
+def test_get_returns_the_typed_sentinel_once_closed() -> None:
+    """A blocked consumer wakes up with Closed.TOKEN when the queue closes."""
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=FakeClock())
+    got: list[object] = []
+    consumer = threading.Thread(target=lambda: got.append(queue.get(timeout=None)))
+    consumer.start()
+    queue.close()
+    consumer.join(5)
+    assert [Closed.TOKEN] == got
+
+
+def test_settle_must_not_exceed_cap(clock: FakeClock) -> None:
+    """A settle window longer than its cap is refused."""
+    with pytest.raises(ValueError, match="settle"):
+        WorkQueue(settle=3.0, cap=2.0, clock=clock)

@@ -1,0 +1,50 @@
+"""A fake ``systemctl`` on PATH: records every argv, answers ``is-active`` per unit."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+_SCRIPT = """\
+    #!{python}
+    import json, sys
+    from pathlib import Path
+    here = Path({here!r})
+    with (here / "calls.jsonl").open("a") as fh:
+        fh.write(json.dumps(sys.argv[1:]) + "\\n")
+    states = json.loads((here / "states.json").read_text())
+    if len(sys.argv) > 2 and sys.argv[1] == "is-active":
+        state = states.get(sys.argv[-1], "inactive")
+        print(state)
+        sys.exit(0 if state == "active" else 3)
+    sys.exit(0)
+"""
+
+
+class FakeSystemctl:
+    """``path`` is the script; ``calls()`` every argv (without argv[0]) in order."""
+
+    def __init__(self, folder: Path, states: dict[str, str] | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.path = folder / "systemctl"
+        self.path.write_text(
+            textwrap.dedent(_SCRIPT).format(python=sys.executable, here=str(folder))
+        )
+        self.path.chmod(0o755)
+        self.set_states(states or {})
+
+    def set_states(self, states: dict[str, str]) -> None:
+        (self.folder / "states.json").write_text(json.dumps(states))
+
+    def calls(self) -> list[list[str]]:
+        log = self.folder / "calls.jsonl"
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+    def actions(self) -> list[list[str]]:
+        """Every call except ``is-active`` look-ups."""
+        return [c for c in self.calls() if c[:1] != ["is-active"]]

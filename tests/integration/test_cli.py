@@ -1,0 +1,114 @@
+"""The command line, run as a real subprocess against temp dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.hosts import REPO
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    environment.pop("JOURNAL_STREAM", None)
+    environment.pop("NOTIFY_SOCKET", None)
+    return subprocess.run([sys.executable, "-m", "hal0_reconciler", *args], capture_output=True,
+                          text=True, env=environment, timeout=50, check=False)
+
+
+def host_args(host_dirs: dict[str, Path]) -> list[str]:
+    return [
+        "--slots-dir", str(host_dirs["slots_dir"]), "--state-dir", str(host_dirs["state_dir"]),
+        "--runtime-dir", str(host_dirs["runtime_dir"]), "--profiles-file", str(host_dirs["profiles_file"]),
+        "--amdgpu-module-dir", str(host_dirs["amdgpu_module_dir"]), "--kfd-path", str(host_dirs["kfd_path"]),
+        "--dri-dir", str(host_dirs["dri_dir"]), "--user", "54321:54321", "--log-format", "json",
+    ]
+
+
+def make_usable_lane(host_dirs: dict[str, Path]) -> None:
+    host_dirs["amdgpu_module_dir"].mkdir(parents=True)
+    for node in (host_dirs["kfd_path"], host_dirs["dri_dir"] / "renderD128"):
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+
+
+def test_plan_shows_pending_relabels_and_exits_2(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+    """`plan` lists what would change and why, changes nothing, and exits 2 when changes are pending."""
+    before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+    result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable")
+    assert 2 == result.returncode, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[3:] if line.strip() and "pending" not in line}
+    assert ["agent", "agent.toml", "llama-server", "gpu-vulkan", "relabel", "gpu-rocm", "vulkan-retired-rocm-usable"] == rows["agent"]
+    assert "keep" == rows["img"][4]
+    assert "7 change(s) pending" in result.stdout
+    assert before == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+
+
+def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+    """`plan --json` gives the same verdicts as data."""
+    result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=unusable", "--json")
+    assert 2 == result.returncode, result.stderr
+    doc = json.loads(result.stdout)
+    by_slot = {s["slot"]: s for s in doc["slots"]}
+    assert ("relabel", "cpu") == (by_slot["coder"]["action"], by_slot["coder"]["new"])
+    assert 7 == doc["pending"]
+    assert {"amd": True, "rocm_lane": "unusable"} == {k: doc["host"][k] for k in ("amd", "rocm_lane")}
+
+
+def test_plan_on_a_non_amd_host_has_nothing_to_do(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+    """Without amdgpu, `plan` says so and exits 0."""
+    result = cli("plan", *host_args(host_dirs))
+    assert 0 == result.returncode, result.stderr
+    assert "not AMD" in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
+def test_once_applies_then_converges_silently(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+    """`once` relabels with the real probe; a second `once` changes nothing and logs nothing."""
+    make_usable_lane(host_dirs)
+    first = cli("once", *host_args(host_dirs))
+    assert 0 == first.returncode, first.stderr
+    events = [json.loads(line)["event"] for line in first.stderr.splitlines()]
+    assert ["slot.relabeled"] * 7 == events
+    snapshot = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+    second = cli("once", *host_args(host_dirs))
+    assert (0, "") == (second.returncode, second.stderr)
+    assert snapshot == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+    assert 0 == cli("plan", *host_args(host_dirs)).returncode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
+def test_probe_reports_the_failing_node(host_dirs: dict[str, Path]) -> None:
+    """`probe` names the node the service user cannot open, and why; exit 1."""
+    make_usable_lane(host_dirs)
+    os.chmod(host_dirs["kfd_path"], 0o600)
+    result = cli("probe", *host_args(host_dirs))
+    assert 1 == result.returncode
+    assert "ROCm lane: unusable" in result.stdout
+    assert f"{host_dirs['kfd_path']}: permission errno 13" in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only slot file only stops non-root writers; here we make the directory unwritable")
+def test_once_exits_1_when_a_file_cannot_be_written(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+    """When a write fails, `once` logs it, leaves the file intact and exits 1."""
+    make_usable_lane(host_dirs)
+    result = cli("once", *host_args(host_dirs), "--lock-file", str(host_dirs["slots_dir"] / "no-such-dir" / "x.lock"))
+    assert 1 == result.returncode
+    assert {"slot.write_failed"} == {json.loads(line)["event"] for line in result.stderr.splitlines()}
+    assert 'device = "gpu-vulkan"' in (seeded_slots / "agent.toml").read_text()
+
+
+def test_bad_setting_is_named(tmp_path: Path) -> None:
+    """An unknown key in the settings file stops the command with the key's name."""
+    cfg = tmp_path / "r.toml"
+    cfg.write_text("slot_dir = '/x'\n")
+    result = cli("plan", "--config", str(cfg))
+    assert 1 == result.returncode
+    assert "unknown setting 'slot_dir'" in result.stderr
