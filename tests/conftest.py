@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,20 +15,27 @@ from helpers.hosts import DATA
 
 
 @pytest.fixture
-def host_dirs(tmp_path: Path) -> dict[str, Path]:
-    """Temp stand-ins for every host path, nothing in them yet (a non-AMD host)."""
+def host_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """Temp stand-ins for every host path, nothing in them yet (a non-AMD host).
+
+    The fake /dev lives outside pytest's 0700 tmp dirs, so the service user can reach it.
+    """
+    dev = Path(tempfile.mkdtemp(prefix="hal0-dev-"))
+    dev.chmod(0o755)
     dirs = {
         "slots_dir": tmp_path / "etc/hal0/slots",
         "state_dir": tmp_path / "var/lib/hal0-reconciler",
         "runtime_dir": tmp_path / "run/hal0-reconciler",
         "amdgpu_module_dir": tmp_path / "sys/module/amdgpu",
-        "kfd_path": tmp_path / "dev/kfd",
-        "dri_dir": tmp_path / "dev/dri",
+        "kfd_path": dev / "kfd",
+        "dri_dir": dev / "dri",
         "profiles_file": tmp_path / "etc/hal0/profiles.toml",
     }
     dirs["slots_dir"].mkdir(parents=True)
     dirs["dri_dir"].mkdir(parents=True)
-    return dirs
+    dirs["dri_dir"].chmod(0o755)
+    yield dirs
+    shutil.rmtree(dev, ignore_errors=True)
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ class ProbeResult:
         if self.error is not None:
             return f"probe failed: {self.error}"
         if self.usable:
-            return f"/dev/kfd and {self.render_node} open read-write as the service user"
+            return f"the KFD node and {self.render_node} open read-write as the service user"
         return "; ".join(f"{f.path}: {f.kind} ({f.message})" for f in self.failures) or "unusable"
 
 

@@ -37,6 +37,7 @@ def make_usable_lane(host_dirs: dict[str, Path]) -> None:
     host_dirs["amdgpu_module_dir"].mkdir(parents=True)
     for node in (host_dirs["kfd_path"], host_dirs["dri_dir"] / "renderD128"):
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.chmod(node, 0o666)  # mknod's mode is cut by the umask
 
 
 def test_plan_shows_pending_relabels_and_exits_2(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:

@@ -1,5 +1,4 @@
 """The ROCm-lane probe opens real device nodes as the service user, never as root."""
-# ruff: noqa: SIM300  # the house style is `expected == actual` (architecture rule 10)
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.helpers import devnodes
-from tests.helpers.devnodes import RENDER_GID, SERVICE_UID, DevTree
+from helpers import devnodes
+from helpers.devnodes import RENDER_GID, SERVICE_UID, DevTree
 
 from hal0_reconciler.host import probe
 from hal0_reconciler.model import FailureKind, NodeFailure, ProbeResult
@@ -277,19 +276,41 @@ def test_a_child_that_prints_garbage_gives_an_error_result(dev, tmp_path):
     assert "all good, trust me" in result.error
 
 
+def forged_report(uid: int, paths: list[Path]) -> str:
+    nodes = [
+        {"path": str(p), "ok": True, "errno": None, "message": "", "char": True} for p in paths
+    ]
+    return f"echo '{json.dumps({'uid': uid, 'nodes': nodes})}'\n"
+
+
 def test_a_report_for_other_nodes_than_asked_is_an_error_result(dev, tmp_path):
     """A well-formed report that does not cover the nodes asked for is not believed."""
     devnodes.char_node(dev.kfd, mode=0o666)
     devnodes.char_node(dev.render(128), mode=0o666)
-    node = {"path": "/dev/null", "ok": True, "errno": None, "message": "", "char": True}
     forged = devnodes.script(
-        tmp_path / "forged", f"echo '{json.dumps({'uid': 0, 'nodes': [node, node]})}'\n"
+        tmp_path / "forged", forged_report(SERVICE_UID, [Path("/dev/null"), Path("/dev/null")])
     )
 
     result = run_probe(dev, WITHOUT_GROUP, interpreter=str(forged))
 
-    assert False is result.usable
-    assert result.error is not None
+    assert (False, f"probe child as 54321 (uid 54321): report for {dev.kfd} is malformed") == (
+        result.usable,
+        result.error,
+    )
+
+
+def test_a_report_from_a_child_that_kept_another_uid_is_an_error_result(dev, tmp_path):
+    """A report whose child did not end up as the service user (e.g. still root) is not believed."""
+    devnodes.char_node(dev.kfd, mode=0o600)
+    devnodes.char_node(dev.render(128), mode=0o600)
+    as_root = devnodes.script(tmp_path / "as-root", forged_report(0, [dev.kfd, dev.render(128)]))
+
+    result = run_probe(dev, WITHOUT_GROUP, interpreter=str(as_root))
+
+    assert (False, "probe child reported uid 0, not 54321 (uid 54321)") == (
+        result.usable,
+        result.error,
+    )
 
 
 def test_a_failing_child_gives_an_error_result_with_its_last_stderr_line(dev, tmp_path):

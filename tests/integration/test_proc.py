@@ -1,5 +1,4 @@
 """proc.run is the one way the package starts a program: bounded, reaped, one human line."""
-# ruff: noqa: SIM300  # the house style is `expected == actual` (architecture rule 10)
 
 from __future__ import annotations
 
@@ -9,10 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import devnodes
 
 from hal0_reconciler import errors
 from hal0_reconciler.host import proc
-from tests.helpers import devnodes
 
 pytestmark = pytest.mark.timeout(30)
 

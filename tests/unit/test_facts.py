@@ -1,5 +1,4 @@
 """Host facts: an AMD host is probed as the service user; any other host is left alone."""
-# ruff: noqa: SIM300  # the house style is `expected == actual` (architecture rule 10)
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.helpers import devnodes
+from helpers import devnodes
 
 from hal0_reconciler.host import facts
 from hal0_reconciler.model import Credentials, HostFacts, LaneState, ProbeResult

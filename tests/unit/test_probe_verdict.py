@@ -1,5 +1,4 @@
 """The probe's pure parts: who the service user is, and what a node's errno means."""
-# ruff: noqa: SIM300  # the house style is `expected == actual` (architecture rule 10)
 
 from __future__ import annotations
 

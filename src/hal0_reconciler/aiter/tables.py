@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import re
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ CSV_FIELD_LIMIT = 131072
 """The csv module's default field size limit; longer fields are noted, not fatal."""
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_AFTER_LINE_BREAK = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 
 
 class TableUnreadable(ReconcilerError):
@@ -92,6 +92,7 @@ def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Ta
             cu_col is not None and not _on_target(gfx if gfx_col is not None else None, cu, targets)
         ):
             other += 1
+            continue
         libtype = _field(fields, lib_col) if lib_col is not None else None
         kept = False
         for col in name_cols:
@@ -160,7 +161,7 @@ def _records(text: str, quirks: list[str]) -> list[tuple[int, list[str]]]:
                 f"(over the csv module's {CSV_FIELD_LIMIT} limit)"
             )
         return records
-    reader = csv.reader(io.StringIO(text, newline=""), strict=False)
+    reader = csv.reader(_AFTER_LINE_BREAK.split(text), strict=False)
     records = []
     try:
         for fields in reader:

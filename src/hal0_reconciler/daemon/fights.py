@@ -39,6 +39,9 @@ class FightDetector:
         """True when ``key`` has recent relabels (its content is worth fingerprinting)."""
         return key in self._records or key in self._hands_off
 
+    def tracked_keys(self) -> frozenset[SlotKey]:
+        return frozenset(self._records) | frozenset(self._hands_off)
+
     @property
     def hands_off(self) -> frozenset[SlotKey]:
         return frozenset(self._hands_off)

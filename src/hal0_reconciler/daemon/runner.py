@@ -269,29 +269,25 @@ class Runner:
             if not batch.slots:
                 return  # host facts re-probed, nothing changed
             paths = [Path(k) for k in batch.slots]
-        hands_off = self._hands_off(paths)
+        hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
 
-    def _hands_off(self, paths: list[Path] | None) -> frozenset[SlotKey]:
+    def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""
-        current = self._fights.hands_off
-        for path in paths or ():
-            key = reconcile.slot_key(path)
-            if key in current and not self._fights.still_fighting(key, _digest(path)):
+        for key in self._fights.hands_off:
+            if not self._fights.still_fighting(key, _digest(Path(key))):
                 self._fights.release(key)
-                log.info("slot.fight_released", path=str(path), reason="the file changed otherwise")
+                log.info("slot.fight_released", path=key, reason="the file changed otherwise")
         return self._fights.hands_off
 
     def _fingerprints(self, paths: list[Path] | None) -> dict[SlotKey, str | None]:
-        if paths is None:
-            return {}
-        return {
-            reconcile.slot_key(p): _digest(p)
-            for p in paths
-            if self._fights.tracked(reconcile.slot_key(p))
-        }
+        """Content digests, before the pass, of the slots with recent relabels."""
+        tracked = self._fights.tracked_keys()
+        if paths is not None:
+            tracked &= {reconcile.slot_key(p) for p in paths}
+        return {key: _digest(Path(key)) for key in tracked}
 
     def _absorb(
         self,

@@ -173,7 +173,8 @@ class Watcher:
         for raw in _paths(event):
             path = Path(raw)
             if path == self._slots_dir:
-                keys.append(Special.EVERYTHING)  # the folder itself went or moved
+                if event.event_type in {"deleted", "moved"}:
+                    keys.append(Special.EVERYTHING)  # the folder itself went or moved
             elif path.parent == self._slots_dir and not event.is_directory:
                 if self._is_slot_name(path.name):
                     keys.append(SlotKey(str(path)))
@@ -244,6 +245,10 @@ class Watcher:
         if self._observer is not None and not self._observer.is_alive() and not self._stopping:
             log.error("daemon.observer_died", action="restarting the observer, full pass")
             triggers.append(Trigger.OBSERVER_DIED)
+            dead = self._observer
+            with contextlib.suppress(Exception):
+                dead.stop()  # stops its emitter threads
+            dead.join(timeout=1)
             for watch in self._watches:
                 watch.handle = None
                 watch.identity = None

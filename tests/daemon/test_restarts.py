@@ -1,0 +1,87 @@
+"""Applying a relabel: hal0's API, the systemctl fallback, inactive slots, the rate limit."""
+
+from __future__ import annotations
+
+import threading
+
+from structlog.testing import capture_logs
+
+from hal0_reconciler.host import units
+
+from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
+from helpers.hal0_api_server import Hal0Api
+
+UNIT = "hal0-slot@agent.service"
+
+
+def test_an_active_relabelled_slot_is_restarted_through_the_api(host: Host, notify_socket) -> None:
+    """POST /api/slots/agent/restart with the bearer key from api.env; no systemctl action."""
+    host.systemctl.set_states({UNIT: "active"})
+    env = host.root / "etc/hal0/api.env"
+    env.parent.mkdir(parents=True, exist_ok=True)
+    env.write_text("# hal0 api\nexport HAL0_ADMIN_KEY='s3cret'\n")
+    with Hal0Api(key="s3cret") as api, running(host.settings(api_url=api.url)):
+        notify_socket.wait_for("READY=1")
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: api.requests, what="the API call")
+    assert [("POST", "/api/slots/agent/restart", "Bearer s3cret")] == api.requests
+    assert [] == host.systemctl.actions()
+
+
+def test_without_the_key_the_api_refuses_and_the_unit_is_stopped(host: Host, notify_socket) -> None:
+    """401 from the API: fall back to systemctl stop --no-block and warn that hal0 must reload."""
+    host.systemctl.set_states({UNIT: "active"})
+    with Hal0Api(key="s3cret") as api, running(host.settings(api_url=api.url)), capture_logs() as logs:
+        notify_socket.wait_for("READY=1")
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: any(e["event"] == "unit.stopped_needs_reload" for e in logs))
+    assert [("POST", "/api/slots/agent/restart", None)] == api.requests
+    assert [["stop", "--no-block", UNIT]] == host.systemctl.actions()
+    warning = next(e for e in logs if e["event"] == "unit.stopped_needs_reload")
+    assert ("warning", "agent") == (warning["log_level"], warning["slot"])
+    assert "401" in warning["error"]
+
+
+def test_fallback_none_leaves_the_unit_running(host: Host, notify_socket) -> None:
+    """restart_fallback = none: the API is down and nothing is stopped."""
+    host.systemctl.set_states({UNIT: "active"})
+    with running(host.settings(restart_fallback="none")), capture_logs() as logs:
+        notify_socket.wait_for("READY=1")
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: any(e["event"] == "unit.restart_failed" for e in logs))
+    assert [] == host.systemctl.actions()
+
+
+def test_an_inactive_slot_is_never_restarted(host: Host, notify_socket) -> None:
+    """is-active says inactive: no API call, no stop."""
+    with Hal0Api() as api, running(host.settings(api_url=api.url)):
+        notify_socket.wait_for("READY=1")
+        target = drop_slot(host.slots, "agent")
+        wait_until(lambda: device_of(target) == "gpu-rocm")
+        wait_until(lambda: ["is-active", UNIT] in host.systemctl.calls(), what="is-active")
+        threading.Event().wait(0.3)
+    assert [] == api.requests
+    assert [] == host.systemctl.actions()
+
+
+def test_a_slot_is_restarted_at_most_once_per_interval(host: Host, notify_socket) -> None:
+    """Two relabels within restart_min_interval: one restart now, the next one deferred."""
+    host.systemctl.set_states({UNIT: "active"})
+    with Hal0Api() as api, running(host.settings(api_url=api.url)) as daemon:
+        notify_socket.wait_for("READY=1")
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: api.requests, what="first restart")
+        drop_slot(host.slots, "agent", port=8082)
+        wait_until(lambda: daemon.stats().relabels == 2, what="second relabel")
+        wait_until(lambda: daemon._restarter.pending(), what="deferred restart")
+        threading.Event().wait(0.5)
+        assert 1 == len(api.requests)
+        assert ["agent"] == list(daemon._restarter.pending())
+
+
+def test_env_file_parsing_follows_shell_quoting(tmp_path) -> None:
+    """KEY=VALUE lines with comments, export and quotes; a missing file is empty."""
+    env = tmp_path / "api.env"
+    env.write_text('# c\nexport HAL0_ADMIN_KEY="a b"\nOTHER=x # note\n\nBROKEN\n')
+    assert {"HAL0_ADMIN_KEY": "a b", "OTHER": "x"} == units.read_env_file(env)
+    assert {} == units.read_env_file(tmp_path / "missing")

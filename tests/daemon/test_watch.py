@@ -1,0 +1,159 @@
+"""Watches: which filesystem events become which keys, and how lost events are noticed."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from watchdog.observers import Observer
+
+from hal0_reconciler import reconcile
+from hal0_reconciler.daemon.watch import Trigger, Watcher
+from hal0_reconciler.daemon.workqueue import Special, WorkKey
+
+from helpers.daemon_host import wait_until
+
+
+class Keys:
+    def __init__(self) -> None:
+        self.seen: list[WorkKey] = []
+
+    def add(self, keys: Iterable[WorkKey]) -> None:
+        self.seen.extend(keys)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "etc/slots").mkdir(parents=True)
+    (tmp_path / "dev/dri").mkdir(parents=True)
+    return tmp_path
+
+
+def _watcher(tree: Path, keys: Keys, **kwargs) -> Watcher:  # type: ignore[no-untyped-def]
+    return Watcher(
+        slots_dir=tree / "etc/slots",
+        dev_dir=tree / "dev",
+        kfd_name="kfd",
+        dri_dir=tree / "dev/dri",
+        is_slot_name=reconcile.is_slot_file_name,
+        enqueue=keys.add,
+        wake=lambda: None,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def watching(tree: Path) -> Iterator[tuple[Watcher, Keys]]:
+    keys = Keys()
+    with _watcher(tree, keys) as watcher:
+        yield watcher, keys
+
+
+def test_a_rename_onto_a_slot_is_a_change_and_temp_names_are_not_slots(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """Saving through .agent.toml.XXXX.tmp enqueues agent.toml only."""
+    _, keys = watching
+    tmp = tree / "etc/slots/.agent.toml.1234.tmp"
+    tmp.write_text("x")
+    tmp.rename(tree / "etc/slots/agent.toml")
+    (tree / "etc/slots/notes.txt~").write_text("x")
+    slot = str(tree / "etc/slots/agent.toml")
+    wait_until(lambda: slot in keys.seen, what="the slot key")
+    assert {slot} == set(keys.seen)
+
+
+def test_a_slot_moved_out_is_enqueued_to_be_forgotten(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """Moving a slot file out of the folder enqueues its key (the pass finds it gone)."""
+    _, keys = watching
+    slot = tree / "etc/slots/agent.toml"
+    slot.write_text("x")
+    wait_until(lambda: str(slot) in keys.seen)
+    keys.seen.clear()
+    slot.rename(tree / "agent.toml.bak")
+    wait_until(lambda: str(slot) in keys.seen, what="moved-out key")
+
+
+def test_the_slots_folder_survives_deletion_and_recreation(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """Deleting and re-creating the folder: everything is enqueued and the new folder is watched."""
+    watcher, keys = watching
+    shutil.rmtree(tree / "etc/slots")
+    wait_until(lambda: Special.EVERYTHING in keys.seen, what="deletion noticed")
+    (tree / "etc/slots").mkdir()
+    wait_until(lambda: Trigger.REWATCHED in watcher.check(), what="rewatch")
+    keys.seen.clear()
+    (tree / "etc/slots/agent.toml").write_text("x")
+    wait_until(lambda: str(tree / "etc/slots/agent.toml") in keys.seen, what="new folder watched")
+
+
+def test_device_nodes_changing_mean_host_facts(tree: Path, watching: tuple[Watcher, Keys]) -> None:
+    """A kfd chmod and a render node appearing enqueue a re-probe; other /dev names do not."""
+    _, keys = watching
+    (tree / "dev/tty99").write_text("")
+    kfd = tree / "dev/kfd"
+    kfd.write_text("")
+    wait_until(lambda: Special.HOST_FACTS in keys.seen, what="kfd created")
+    keys.seen.clear()
+    kfd.chmod(0o600)
+    wait_until(lambda: Special.HOST_FACTS in keys.seen, what="kfd chmod")
+    keys.seen.clear()
+    (tree / "dev/dri/renderD128").write_text("")
+    wait_until(lambda: Special.HOST_FACTS in keys.seen, what="render node")
+
+
+def test_the_probe_opening_nodes_does_not_re_trigger_a_probe(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """Opening and closing kfd (what the probe does) is not a change."""
+    _, keys = watching
+    kfd = tree / "dev/kfd"
+    kfd.write_text("")
+    wait_until(lambda: Special.HOST_FACTS in keys.seen)
+    (tree / "dev/dri/x").write_text("")  # a marker event after the opens below
+    keys.seen.clear()
+    fd = os.open(kfd, os.O_RDWR)
+    os.close(fd)
+    (tree / "dev/dri/x").unlink()
+    wait_until(lambda: keys.seen, what="the marker")
+    assert [Special.HOST_FACTS] == keys.seen
+
+
+def test_overflow_warning_asks_for_a_full_pass(watching: tuple[Watcher, Keys]) -> None:
+    """watchdog's inotify overflow warning becomes an OVERFLOW trigger, reported once."""
+    watcher, _ = watching
+    with capture_logs() as logs:
+        logging.getLogger("watchdog.observers.inotify_c").warning(
+            "Inotify queue overflowed; filesystem events were lost"
+        )
+        assert [Trigger.OVERFLOW] == watcher.check()
+        assert [] == watcher.check()
+    assert ["daemon.events_lost"] == [e["event"] for e in logs]
+
+
+class NoWatchesLeft(Observer):  # type: ignore[misc, valid-type]
+    """An observer whose every watch fails like a full fs.inotify.max_user_watches."""
+
+    def schedule(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+
+def test_a_watch_that_cannot_be_added_falls_back_to_polling(tree: Path) -> None:
+    """ENOSPC: said once at ERROR, health reports polling, the next retry says nothing new."""
+    keys = Keys()
+    with capture_logs() as logs, _watcher(tree, keys, observer_factory=NoWatchesLeft) as watcher:
+        assert "polling" == watcher.health().mode
+        watcher.check(retry_failures=True)
+    failed = [e for e in logs if e["event"] == "daemon.watch_failed"]
+    assert 4 == len(failed)  # one per watched folder, not repeated by the retry
+    assert {"error"} == {e["log_level"] for e in failed}
+    assert "max_user_watches" in failed[0]["reason"]
