@@ -202,7 +202,8 @@ def _action_word(status: OutcomeStatus) -> str:
 def _facts_line(facts: HostFacts) -> str:
     if not facts.amd:
         return "host: not AMD (nothing is touched)"
-    return f"host: AMD, ROCm lane {facts.lane.value} ({facts.lane_reason})"
+    why = facts.lane_reason if facts.probe is not None else "assumed, not probed"
+    return f"host: AMD, ROCm lane {facts.lane.value} ({why})"
 
 
 def _plan_table(report: PassReport, facts: HostFacts) -> str:

@@ -149,6 +149,7 @@ class Watcher:
         self._factory = observer_factory
         self._observer: ObserverLike | None = None
         self._overflowed = threading.Event()
+        self._folder_changed = threading.Event()
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
@@ -183,7 +184,10 @@ class Watcher:
     def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE or event.event_type in {"modified", "closed"}:
             return []
-        return [Special.EVERYTHING] if any(Path(p) == self._slots_dir for p in _paths(event)) else []
+        if not any(Path(p) == self._slots_dir for p in _paths(event)):
+            return []
+        self._folder_changed.set()  # re-watch it even if the new folder reuses the inode
+        return [Special.EVERYTHING]
 
     def _dev_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE_DEV:
@@ -192,6 +196,8 @@ class Watcher:
         for raw in _paths(event):
             path = Path(raw)
             if path.parent == self._dev_dir and path.name in names:
+                if event.is_directory:
+                    self._folder_changed.set()
                 return [Special.HOST_FACTS]
         return []
 
@@ -255,7 +261,9 @@ class Watcher:
             self._observer = self._factory()
             self._observer.start()
             retry_failures = True
-        if self._schedule_missing(retry_failures=retry_failures):
+        force = self._folder_changed.is_set()
+        self._folder_changed.clear()
+        if self._schedule_missing(retry_failures=retry_failures, force=force):
             triggers.append(Trigger.REWATCHED)
         return triggers
 
@@ -269,7 +277,7 @@ class Watcher:
             observer_alive=alive,
         )
 
-    def _schedule_missing(self, *, retry_failures: bool) -> bool:
+    def _schedule_missing(self, *, retry_failures: bool, force: bool = False) -> bool:
         """(Re-)schedule every watch whose folder is new or re-created; True when one was added."""
         observer = self._observer
         if observer is None:
@@ -277,7 +285,7 @@ class Watcher:
         added = False
         for watch in self._watches:
             identity = _identity(watch.path)
-            if watch.handle is not None and identity == watch.identity:
+            if watch.handle is not None and identity == watch.identity and not force:
                 continue
             if watch.handle is not None:  # the folder went away or was replaced
                 with contextlib.suppress(Exception):
