@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from hal0_reconciler import fsio
 from hal0_reconciler.aiter import plan
 from hal0_reconciler.errors import ReconcilerError
 
@@ -325,14 +325,4 @@ def save_memory(path: Path, memory: Mapping[str, plan.MemoryEntry]) -> None:
 
 def _write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            Path(tmp).unlink()
-        raise
+    fsio.write_atomically(path, json.dumps(payload, indent=1).encode("utf-8"))

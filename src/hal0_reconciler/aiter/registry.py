@@ -14,16 +14,16 @@ was never asked about appear (the tables changed).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import mmap
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hal0_reconciler import fsio
 
 _RUN = re.compile(rb"[\x20-\x7e]+\x00")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
@@ -141,17 +141,8 @@ class Registry:
             },
         }
         self._file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".registry.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(payload, fh, separators=(",", ":"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            Path(tmp).replace(self._file)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                Path(tmp).unlink()
-            raise
+        data = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+        fsio.write_atomically(self._file, data)
         self._dirty = False
 
     def _load(self, cache_file: Path) -> None:
