@@ -14,6 +14,7 @@ Only structlog APIs that exist in 22.3 (Debian 12) are used.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -148,10 +149,10 @@ def _journal_renderer(*, native: bool) -> Processor:
 
 def _journal_send() -> Callable[..., Any] | None:
     try:
-        from systemd import journal
+        journal = importlib.import_module("systemd.journal")  # Debian's python3-systemd
     except ImportError:
         return None
-    send: Callable[..., Any] = journal.send
+    send: Callable[..., Any] | None = getattr(journal, "send", None)
     return send
 
 
@@ -185,6 +186,7 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         structlog.stdlib.add_log_level,
     ]
     logger_factory: Callable[..., Any]
+    processors: list[Processor]
     handler = logging.StreamHandler(sys.stderr)
     if resolved is LogFormat.JOURNAL:
         send = _journal_send()

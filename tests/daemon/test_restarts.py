@@ -7,7 +7,6 @@ import threading
 from structlog.testing import capture_logs
 
 from hal0_reconciler.host import units
-
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hal0_api_server import Hal0Api
 
@@ -31,7 +30,11 @@ def test_an_active_relabelled_slot_is_restarted_through_the_api(host: Host, noti
 def test_without_the_key_the_api_refuses_and_the_unit_is_stopped(host: Host, notify_socket) -> None:
     """401 from the API: fall back to systemctl stop --no-block and warn that hal0 must reload."""
     host.systemctl.set_states({UNIT: "active"})
-    with Hal0Api(key="s3cret") as api, running(host.settings(api_url=api.url)), capture_logs() as logs:
+    with (
+        Hal0Api(key="s3cret") as api,
+        running(host.settings(api_url=api.url)),
+        capture_logs() as logs,
+    ):
         notify_socket.wait_for("READY=1")
         drop_slot(host.slots, "agent")
         wait_until(lambda: any(e["event"] == "unit.stopped_needs_reload" for e in logs))
@@ -73,7 +76,7 @@ def test_a_slot_is_restarted_at_most_once_per_interval(host: Host, notify_socket
         wait_until(lambda: api.requests, what="first restart")
         drop_slot(host.slots, "agent", port=8082)
         wait_until(lambda: daemon.stats().relabels == 2, what="second relabel")
-        wait_until(lambda: daemon._restarter.pending(), what="deferred restart")
+        wait_until(daemon._restarter.pending, what="deferred restart")
         threading.Event().wait(0.5)
         assert 1 == len(api.requests)
         assert ["agent"] == list(daemon._restarter.pending())

@@ -13,7 +13,6 @@ from hal0_reconciler.daemon import notify
 from hal0_reconciler.daemon.watch import Trigger
 from hal0_reconciler.model import LaneState
 from hal0_reconciler.settings import Settings
-
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 
 
@@ -212,7 +211,9 @@ def test_the_daemon_stops_fighting_another_writer(host: Host, notify_socket) -> 
     assert ("agent", "error") == (fight["slot"], fight["log_level"])
 
 
-def test_reload_on_request_sends_reloading_then_ready(host: Host, notify_socket, tmp_path: Path) -> None:
+def test_reload_on_request_sends_reloading_then_ready(
+    host: Host, notify_socket, tmp_path: Path
+) -> None:
     """A reload: RELOADING=1, new settings applied, READY=1 after the next full pass."""
     config = tmp_path / "reconciler.toml"
     config.write_text("fight_limit = 7\n")

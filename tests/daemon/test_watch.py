@@ -17,7 +17,6 @@ from watchdog.observers import Observer
 from hal0_reconciler import reconcile
 from hal0_reconciler.daemon.watch import Trigger, Watcher
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
-
 from helpers.daemon_host import wait_until
 
 
@@ -115,15 +114,18 @@ def test_device_nodes_changing_mean_host_facts(tree: Path, watching: tuple[Watch
 def test_the_probe_opening_nodes_does_not_re_trigger_a_probe(
     tree: Path, watching: tuple[Watcher, Keys]
 ) -> None:
-    """Opening and closing kfd (what the probe does) is not a change."""
+    """Opening and closing kfd and a render node read-write (what the probe does) is no change."""
     _, keys = watching
     kfd = tree / "dev/kfd"
+    render = tree / "dev/dri/renderD128"
     kfd.write_text("")
+    render.write_text("")
     wait_until(lambda: Special.HOST_FACTS in keys.seen)
     threading.Event().wait(0.3)
     keys.seen.clear()
     for _ in range(3):
         os.close(os.open(kfd, os.O_RDWR))
+        os.close(os.open(render, os.O_RDWR))
     threading.Event().wait(0.5)
     assert [] == keys.seen
 

@@ -13,7 +13,6 @@ from typing import Any
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import notify, runner
 from hal0_reconciler.settings import Settings
-
 from helpers import devnodes
 from helpers.fake_systemctl import FakeSystemctl
 

@@ -6,6 +6,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import Self
 
 
 class Hal0Api:
@@ -24,10 +25,15 @@ class Hal0Api:
                 auth = self.headers.get("Authorization")
                 api.requests.append(("POST", self.path, auth))
                 parts = self.path.strip("/").split("/")
-                if len(parts) != 4 or parts[:2] != ["api", "slots"] or parts[3] not in {
-                    "restart",
-                    "load",
-                }:
+                if (
+                    len(parts) != 4
+                    or parts[:2] != ["api", "slots"]
+                    or parts[3]
+                    not in {
+                        "restart",
+                        "load",
+                    }
+                ):
                     self._answer(404, {"detail": "not found"})
                 elif api.key is not None and auth != f"Bearer {api.key}":
                     self._answer(401, {"detail": "admin key required"})
@@ -55,7 +61,7 @@ class Hal0Api:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> Hal0Api:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 class NotifySocket:
@@ -36,7 +37,7 @@ class NotifySocket:
                 self._messages.append((time.monotonic(), data.decode("latin-1")))
                 self._cond.notify_all()
 
-    def __enter__(self) -> NotifySocket:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

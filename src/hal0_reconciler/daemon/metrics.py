@@ -38,9 +38,7 @@ def _family(name: str, kind: str, help_text: str) -> list[str]:
 
 
 def _labelled(name: str, label: str, values: Mapping[str, int]) -> list[str]:
-    return [
-        f'{_PREFIX}_{name}{{{label}="{_escape(key)}"}} {values[key]}' for key in sorted(values)
-    ]
+    return [f'{_PREFIX}_{name}{{{label}="{_escape(key)}"}} {values[key]}' for key in sorted(values)]
 
 
 def render(m: Metrics) -> str:
@@ -60,9 +58,7 @@ def render(m: Metrics) -> str:
     lines.append(f"{_PREFIX}_hands_off_slots {m.hands_off}")
     lines += _family("pass_duration_seconds", "gauge", "Duration of the last pass.")
     lines.append(f"{_PREFIX}_pass_duration_seconds {m.pass_duration:.6f}")
-    lines += _family(
-        "last_pass_timestamp_seconds", "gauge", "Unix time the last pass finished."
-    )
+    lines += _family("last_pass_timestamp_seconds", "gauge", "Unix time the last pass finished.")
     lines.append(f"{_PREFIX}_last_pass_timestamp_seconds {m.last_pass_timestamp:.3f}")
     lines += _family("rocm_lane_usable", "gauge", "1 when the service user can use the ROCm lane.")
     lines.append(f"{_PREFIX}_rocm_lane_usable {int(m.rocm_lane_usable)}")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Self
 
 import structlog
 
@@ -145,7 +145,7 @@ class _Worker:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def __enter__(self) -> _Worker:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -249,8 +249,8 @@ class Runner:
             raw = self._gather(settings)
             view = self._lane.observe(raw)
             facts = view.facts
-            if view.changed is not None and view.changed[0] is not None and raw.amd:
-                old, new = view.changed
+            old, new = view.changed if view.changed is not None else (None, raw.lane)
+            if old is not None and raw.amd:
                 lane_changed = True
                 level = log.warning if new is LaneState.UNUSABLE else log.info
                 level(
@@ -324,9 +324,8 @@ class Runner:
                     slots.pop(o.key, None)
             hands_off = self._fights.hands_off
             for key, entry in seen.items():
-                if entry["status"] == statuses.HANDS_OFF.value and key in slots:
-                    entry = {**slots[key], "status": statuses.HANDS_OFF.value}
-                slots[key] = entry
+                kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
+                slots[key] = {**slots[key], "status": entry["status"]} if kept else entry
             p.slots = slots
             p.passes += 1
             p.full_passes += int(full)
@@ -416,7 +415,7 @@ class Runner:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                log.error("daemon.start_failed", path=str(folder), error=str(exc))
+                log.error("daemon.start_failed", path=str(folder), error=str(exc))  # noqa: TRY400 - the human line, no traceback
                 return EXIT_FAILURE
             fsio.remove_stale_temps(folder)
         fsio.remove_stale_temps(settings.slots_dir)
@@ -441,7 +440,7 @@ class Runner:
         log.info("daemon.stopped")
         return EXIT_OK
 
-    def _loop(self, worker: _Worker) -> None:
+    def _loop(self, worker: _Worker) -> None:  # noqa: PLR0915 - the main loop reads best whole
         ready_after: int | None = 1  # READY=1 once this many full passes are done
         next_ping = self._clock.monotonic()
         next_status = 0.0
@@ -477,7 +476,9 @@ class Runner:
             due = resync_at is not None and now >= resync_at
             triggers = watcher.check(retry_failures=due)
             if Trigger.OBSERVER_DIED in triggers:
-                self._observer_deaths = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
+                self._observer_deaths = [
+                    t for t in self._observer_deaths if now - t < _DEATH_WINDOW
+                ]
                 self._observer_deaths.append(now)
             if triggers or due:
                 reason = ",".join(t.value for t in triggers) or "resync-interval"
@@ -600,7 +601,9 @@ class Runner:
         try:
             new = settings_mod.load(self._config_path, self._overrides)
         except ReconcilerError as exc:
-            log.error("daemon.reload_failed", error=str(exc), action="keeping the old settings")
+            log.error(  # noqa: TRY400 - the human line, no traceback
+                "daemon.reload_failed", error=str(exc), action="keeping the old settings"
+            )
             return False
         old = self._settings
         with self._lock:

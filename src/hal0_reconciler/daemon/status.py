@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from hal0_reconciler import fsio
 from hal0_reconciler.settings import Settings
 
@@ -31,9 +29,19 @@ def status_path(settings: Settings) -> Path:
 
 
 def process_start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    With the pid it identifies one process (pids get reused). Read from the pid's own /proc
+    entry, which the unit's ``ProcSubset=pid`` keeps visible.
+    """
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return float(fields[19])
+    except (IndexError, ValueError):
         return None
 
 
@@ -51,7 +59,7 @@ def _alive(snapshot: dict[str, Any]) -> bool:
     recorded = snapshot.get("pid_start")
     if started is None:
         return False
-    return not isinstance(recorded, int | float) or abs(started - recorded) < 1.0
+    return not isinstance(recorded, int | float) or started == recorded
 
 
 def _ago(now: float, then: Any) -> str:
@@ -80,7 +88,9 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
         head = f"hal0-reconciler: not running (pid {pid} is gone; status from {_ago(now, updated)})"
         code = EXIT_NOT_RUNNING
     elif not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
-        head = f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
+        head = (
+            f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
+        )
         code = EXIT_UNHEALTHY
     elif not snapshot.get("healthy", False):
         head = f"hal0-reconciler: unhealthy (pid {pid})"

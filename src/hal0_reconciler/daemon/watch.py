@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -54,7 +54,9 @@ class Trigger(enum.StrEnum):
 class ObserverLike(Protocol):
     """What the watcher needs from a watchdog observer (tests inject failing ones)."""
 
-    def schedule(self, event_handler: FileSystemEventHandler, path: str, *, recursive: bool = ...) -> Any: ...
+    def schedule(
+        self, event_handler: FileSystemEventHandler, path: str, *, recursive: bool = ...
+    ) -> Any: ...
     def unschedule(self, watch: Any) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -176,9 +178,12 @@ class Watcher:
             if path == self._slots_dir:
                 if event.event_type in {"deleted", "moved"}:
                     keys.append(Special.EVERYTHING)  # the folder itself went or moved
-            elif path.parent == self._slots_dir and not event.is_directory:
-                if self._is_slot_name(path.name):
-                    keys.append(SlotKey(str(path)))
+            elif (
+                path.parent == self._slots_dir
+                and not event.is_directory
+                and self._is_slot_name(path.name)
+            ):
+                keys.append(SlotKey(str(path)))
         return keys
 
     def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
@@ -204,7 +209,11 @@ class Watcher:
     def _dri_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE_DEV:
             return []
-        return [Special.HOST_FACTS]
+        # Only nodes in the folder: watchdog also reports the folder itself as modified after
+        # a close-write inside it (the probe's own open/close would loop forever).
+        if any(Path(p).parent == self._dri_dir for p in _paths(event)):
+            return [Special.HOST_FACTS]
+        return []
 
     def _on_overflow(self) -> None:
         self._overflowed.set()
@@ -228,7 +237,7 @@ class Watcher:
                 observer.stop()
             observer.join(timeout=5)
 
-    def __enter__(self) -> Watcher:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -46,7 +46,7 @@ WorkKey = SlotKey | Special
 class Closed(enum.Enum):
     """The typed stop sentinel ``WorkQueue.get`` returns once the queue is closed."""
 
-    TOKEN = "closed"
+    TOKEN = enum.auto()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import structlog
 
@@ -170,8 +171,12 @@ def apply_change(settings: Settings, request: RestartRequest) -> RestartResult:
     try:
         stop_unit(settings, request.token)
     except errors.ReconcilerError as exc:
-        log.error(
-            "unit.restart_failed", slot=request.name, unit=unit, error=api_error, stop_error=str(exc)
+        log.error(  # noqa: TRY400 - the human line, no traceback
+            "unit.restart_failed",
+            slot=request.name,
+            unit=unit,
+            error=api_error,
+            stop_error=str(exc),
         )
         return RestartResult.FAILED
     log.warning(
@@ -185,7 +190,7 @@ def apply_change(settings: Settings, request: RestartRequest) -> RestartResult:
 
 
 class _Stop(enum.Enum):
-    TOKEN = "stop"
+    TOKEN = enum.auto()
 
 
 class Restarter:
@@ -251,7 +256,7 @@ class Restarter:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def __enter__(self) -> Restarter:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -263,7 +268,7 @@ class Restarter:
     ) -> None:
         self.stop()
 
-    def _next_due(self) -> tuple[RestartRequest, Settings] | _Stop | None:
+    def _next_due(self) -> tuple[RestartRequest, Settings] | _Stop:
         with self._cond:
             while True:
                 if self._stop is not None:
