@@ -135,7 +135,9 @@ class Reconciler:
             return Outcome(key, path, doc.name, doc.token, OutcomeStatus.PENDING, verdict)
         try:
             with store.slot_write_lock(
-                self._settings.effective_lock_file, timeout=self._settings.lock_timeout
+                self._settings.effective_lock_file,
+                timeout=self._settings.lock_timeout,
+                group_of=self._settings.slots_dir,
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:

@@ -13,12 +13,9 @@ import pytest
 
 from hal0_reconciler.aiter import routing, tables
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+from helpers.hosts import SHARED
 
-FIXTURE_CONFIGS = (
-    Path(__file__).resolve().parents[3] / "shared/fixtures/aiter/e4048607/aiter/configs"
-)
-if not FIXTURE_CONFIGS.is_dir():
-    FIXTURE_CONFIGS = Path("/work/shared/fixtures/aiter/e4048607/aiter/configs")
+FIXTURE_CONFIGS = SHARED / "fixtures/aiter/e4048607/aiter/configs"
 DATA_CONFIGS = Path(__file__).parent / "data" / "configs"
 GFX950 = tables.Target("gfx950", 256)
 GFX942 = tables.Target("gfx942", 80)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import os
 import subprocess
 import tempfile
 import time
@@ -21,7 +22,8 @@ from hal0_reconciler.aiter import monitor, routing, survey, tables
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 
 HERE = Path(__file__).resolve().parent
-FIXTURES = Path("/work/shared/fixtures/aiter/e4048607/aiter/configs")
+SHARED = Path(os.environ.get("HAL0_SHARED_DIR", HERE.parents[2].parent / "shared"))
+FIXTURES = SHARED / "fixtures/aiter/e4048607/aiter/configs"
 DATA = HERE.parent / "aiter" / "data" / "configs"
 STEM = "a8w8_blockscale_bpreshuffle_tuned_gemm"
 

@@ -180,16 +180,31 @@ def test_lock_wait_is_bounded(tmp_path: Path) -> None:
             holder.kill()
 
 
-def test_lock_file_is_created_with_hal0s_mode(tmp_path: Path) -> None:
-    """The lock file is created on demand, mode 0664 (less the umask)."""
+@needs_root
+def test_lock_file_is_created_so_hal0_can_still_write_it(tmp_path: Path) -> None:
+    """A lock file we create is mode 0664 whatever our umask, in the slots directory's group."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    os.chown(slots, 0, 4343)
     lock = tmp_path / "slots.lock"
-    old = os.umask(0o002)
+    old = os.umask(0o077)
     try:
-        with store.slot_write_lock(lock, timeout=1):
+        with store.slot_write_lock(lock, timeout=1, group_of=slots):
             pass
     finally:
         os.umask(old)
-    assert 0o664 == stat.S_IMODE(lock.stat().st_mode)
+    st = lock.stat()
+    assert (0o664, 4343) == (stat.S_IMODE(st.st_mode), st.st_gid)
+
+
+def test_existing_lock_file_is_left_as_it_is(tmp_path: Path) -> None:
+    """hal0's own lock file keeps its mode and owner when we take the lock."""
+    lock = tmp_path / "slots.lock"
+    lock.write_bytes(b"")
+    lock.chmod(0o660)
+    with store.slot_write_lock(lock, timeout=1, group_of=tmp_path):
+        pass
+    assert 0o660 == stat.S_IMODE(lock.stat().st_mode)
 
 
 @pytest.mark.timeout(10)

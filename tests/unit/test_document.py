@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from hal0_reconciler import errors
 from hal0_reconciler.model import DeviceSource
 from hal0_reconciler.slots import document
+from helpers.hosts import SHARED
 
-FIXTURES = Path("/work/shared/fixtures/hal0/slots")
+FIXTURES = SHARED / "fixtures/hal0/slots"
 
 
 # --- the authoritative table ------------------------------------------------------------------

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from hal0_reconciler import errors
 from hal0_reconciler.model import Device, DeviceSource
 from hal0_reconciler.slots import document, edit
+from helpers.hosts import SHARED
 
-FIXTURES = Path("/work/shared/fixtures/hal0/slots")
+FIXTURES = SHARED / "fixtures/hal0/slots"
 OWN_DATA = Path(__file__).parent.parent / "data" / "slots_edit"
 DEVICES = [device.value for device in Device]
 

@@ -99,9 +99,15 @@ def replace_slot(path: Path, data: bytes, *, like: os.stat_result) -> None:
 
 
 @contextmanager
-def slot_write_lock(lock_file: Path, *, timeout: float) -> Iterator[None]:
-    """Hold hal0's slot write lock (exclusive flock), waiting at most ``timeout`` seconds."""
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o664)
+def slot_write_lock(
+    lock_file: Path, *, timeout: float, group_of: Path | None = None
+) -> Iterator[None]:
+    """Hold hal0's slot write lock (exclusive flock), waiting at most ``timeout`` seconds.
+
+    A lock file we create gets hal0's mode 0664 whatever our umask, and the group of
+    ``group_of`` (the slots directory), so hal0's own writers can still open it.
+    """
+    fd = _open_lock_file(lock_file, group_of=group_of)
     try:
         deadline = time.monotonic() + timeout
         delay = 0.005
@@ -123,6 +129,24 @@ def slot_write_lock(lock_file: Path, *, timeout: float) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _open_lock_file(lock_file: Path, *, group_of: Path | None) -> int:
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(lock_file, flags | os.O_CREAT | os.O_EXCL, 0o664)
+    except FileExistsError:
+        return os.open(lock_file, flags)
+    try:
+        os.fchmod(fd, 0o664)
+        if group_of is not None:
+            gid = os.stat(group_of).st_gid
+            if gid != os.fstat(fd).st_gid:
+                os.fchown(fd, -1, gid)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_catalog(profiles_file: Path) -> Catalog:
