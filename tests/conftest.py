@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-
 from helpers.hosts import DATA
 
 

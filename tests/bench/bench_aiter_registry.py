@@ -11,8 +11,8 @@ process (cache from the state dir: stat calls only).
 from __future__ import annotations
 
 import argparse
-import shutil
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -22,7 +22,7 @@ from hal0_reconciler.aiter import monitor, routing, survey, tables
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 
 HERE = Path(__file__).resolve().parent
-SHARED = Path(os.environ.get("HAL0_SHARED_DIR", HERE.parents[2].parent / "shared"))
+SHARED = Path(os.environ.get("HAL0_SHARED_DIR", HERE.parents[1].parent / "shared"))
 FIXTURES = SHARED / "fixtures/aiter/e4048607/aiter/configs"
 DATA = HERE.parent / "aiter" / "data" / "configs"
 STEM = "a8w8_blockscale_bpreshuffle_tuned_gemm"

@@ -6,7 +6,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.model import HostFacts, LaneState

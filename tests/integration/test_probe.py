@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import devnodes
-from helpers.devnodes import RENDER_GID, SERVICE_UID, DevTree
 
 from hal0_reconciler.host import probe
 from hal0_reconciler.model import FailureKind, NodeFailure, ProbeResult
+from helpers import devnodes
+from helpers.devnodes import RENDER_GID, SERVICE_UID, DevTree
 
 pytestmark = [devnodes.requires_root, pytest.mark.timeout(30)]
 

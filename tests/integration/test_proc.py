@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import devnodes
 
 from hal0_reconciler import errors
 from hal0_reconciler.host import proc
+from helpers import devnodes
 
 pytestmark = pytest.mark.timeout(30)
 

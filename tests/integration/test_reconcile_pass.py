@@ -15,7 +15,6 @@ import structlog.testing
 from hal0_reconciler.model import HostFacts
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
 from hal0_reconciler.state import DemotionLedger
-
 from helpers.hosts import NOT_AMD, ROCM_UNSETTLED, ROCM_UNUSABLE, ROCM_USABLE, shared_path
 
 RELABELLED = {"agent", "coder", "embed", "rerank", "nested", "legacy", "crlf"}

@@ -73,7 +73,7 @@ def test_non_regular_slot_paths_are_refused_without_blocking(tmp_path: Path, mak
     """A slot path that is a FIFO, directory, symlink or device is refused, never opened or followed."""
     path = tmp_path / "odd.toml"
     make(path)
-    with pytest.raises(WriteRefused, match="odd.toml"):
+    with pytest.raises(WriteRefused, match=r"odd\.toml"):
         store.read_slot(path)
 
 
@@ -172,7 +172,7 @@ def test_lock_wait_is_bounded(tmp_path: Path) -> None:
         holder.stdout.readline()
         try:
             with (
-                pytest.raises(LockTimeout, match="slots.lock"),
+                pytest.raises(LockTimeout, match=r"slots\.lock"),
                 store.slot_write_lock(lock, timeout=0.3),
             ):
                 pass

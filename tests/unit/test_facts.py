@@ -6,11 +6,11 @@ import os
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import devnodes
 
 from hal0_reconciler.host import facts
 from hal0_reconciler.model import Credentials, HostFacts, LaneState, ProbeResult
 from hal0_reconciler.settings import Settings
+from helpers import devnodes
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -24,7 +24,7 @@ CATALOG = runtime.catalog_from_profiles(
 
 def slot(
     *,
-    type: str | None = "llm",
+    kind: str | None = "llm",
     device: str = "gpu-vulkan",
     profile: str | None = None,
     provider: str | None = None,
@@ -35,7 +35,7 @@ def slot(
         table=(),
         name="s",
         id=None,
-        type=type,
+        type=kind,
         device=device,
         device_source=DeviceSource.DEVICE,
         raw_device=device,
@@ -55,21 +55,21 @@ ROWS = {
     "3 family kokoro": (slot(profile="kokoro"), Runtime.KOKORO),
     "3 legacy tts profile": (slot(profile="tts"), Runtime.KOKORO),
     "3 kokoro image": (slot(profile="speech"), Runtime.KOKORO),
-    "3 type tts": (slot(type="tts"), Runtime.KOKORO),
+    "3 type tts": (slot(kind="tts"), Runtime.KOKORO),
     "4 family moonshine": (slot(profile="moonshine"), Runtime.STT),
-    "4 type transcription": (slot(type="transcription"), Runtime.STT),
+    "4 type transcription": (slot(kind="transcription"), Runtime.STT),
     "5 family comfyui": (slot(profile="comfyui"), Runtime.COMFYUI),
     "5 device_class img": (slot(profile="studio"), Runtime.COMFYUI),
     "5 provider comfyui": (slot(provider="comfyui"), Runtime.COMFYUI),
-    "5 type image": (slot(type="image"), Runtime.COMFYUI),
+    "5 type image": (slot(kind="image"), Runtime.COMFYUI),
     "6 unknown family": (slot(profile="my-vllm"), Runtime.UNRESOLVED),
     "7 llm": (slot(), Runtime.LLAMA_SERVER),
-    "7 embedding": (slot(type="embedding", profile="embedding"), Runtime.LLAMA_SERVER),
-    "7 reranking": (slot(type="reranking", profile="vulkan"), Runtime.LLAMA_SERVER),
+    "7 embedding": (slot(kind="embedding", profile="embedding"), Runtime.LLAMA_SERVER),
+    "7 reranking": (slot(kind="reranking", profile="vulkan"), Runtime.LLAMA_SERVER),
     "7 chadrock-moe": (slot(profile="chadrock-moe"), Runtime.LLAMA_SERVER),
     "7 explicit llama-server": (slot(profile="pinned-llama"), Runtime.LLAMA_SERVER),
     "7 profile not in catalog": (slot(profile="nobody-knows"), Runtime.LLAMA_SERVER),
-    "7 no type": (slot(type=None), Runtime.LLAMA_SERVER),
+    "7 no type": (slot(kind=None), Runtime.LLAMA_SERVER),
 }
 
 
@@ -81,7 +81,7 @@ def test_runtime_table(doc: SlotDoc, expected: Runtime) -> None:
 
 def test_first_row_wins_over_later_rows() -> None:
     """An npu device beats a tts type (row 1 before row 3)."""
-    assert Runtime.FLM == runtime.runtime_of(slot(type="tts", device="npu"), CATALOG)
+    assert Runtime.FLM == runtime.runtime_of(slot(kind="tts", device="npu"), CATALOG)
 
 
 def test_unreadable_catalog_leaves_profiled_slots_unresolved() -> None:
