@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from hal0_reconciler import __version__, _log, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
@@ -20,6 +23,8 @@ from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
+
+_cli_log = structlog.get_logger("hal0_reconciler.cli")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -101,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReconcilerError as exc:
         print(f"hal0-reconciler: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # `hal0-reconciler plan | head`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)  # no flush into the closed pipe at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _dispatch(
@@ -144,6 +153,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _once(current: settings.Settings) -> int:
     facts = host_facts.gather(current)
+    if facts.amd and facts.lane is LaneState.UNKNOWN:
+        _cli_log.error(
+            "host.probe_failed", reason=facts.lane_reason, effect="no slot is demoted to cpu"
+        )
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts)
     return EXIT_ERROR if report.failed else EXIT_OK
@@ -151,7 +164,7 @@ def _once(current: settings.Settings) -> int:
 
 def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
-    ledger = DemotionLedger(current.state_dir / "demotions.json")
+    ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts, apply=False)
     if args.json:
         print(json.dumps(_plan_json(report, facts), indent=2))

@@ -57,6 +57,7 @@ class Reason(enum.StrEnum):
     VULKAN_RETIRED_ROCM_USABLE = "vulkan-retired-rocm-usable"
     VULKAN_RETIRED_ROCM_UNUSABLE = "vulkan-retired-rocm-unusable"
     DEMOTION_GRACE = "rocm-unusable-within-grace"
+    LANE_UNKNOWN = "rocm-lane-unknown-probe-failed"
     RESTORE_OWN_DEMOTION = "rocm-usable-again-restore-own-demotion"
 
 
@@ -66,6 +67,7 @@ class LaneState(enum.StrEnum):
     USABLE = "usable"
     UNUSABLE = "unusable"
     UNSETTLED = "unsettled"  # unusable, but not yet for the whole demotion grace
+    UNKNOWN = "unknown"  # the probe itself could not run (no such user, interpreter gone...)
 
 
 class FailureKind(enum.StrEnum):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,14 +80,25 @@ is_slot_file_name = store.is_slot_file_name
 class Reconciler:
     """Applies the policy to slot files. Holds only memory of what it already reported."""
 
-    def __init__(self, settings: Settings, *, ledger: DemotionLedger | None = None) -> None:
-        self._settings = settings
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        ledger: DemotionLedger | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
-        self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
+        self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
+        self._catalog_reported: str | None = None
+        self.update_settings(settings)
+
+    def update_settings(self, settings: Settings) -> None:
+        """Take new settings (SIGHUP), keeping the memory of what was already reported."""
+        self._settings = settings
+        self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
         self._catalog_identity: tuple[int, int, int] | None = None
         self._catalog: Catalog = store.read_catalog(settings.profiles_file)
-        self._catalog_reported: str | None = None
 
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
@@ -111,7 +122,7 @@ class Reconciler:
                 continue
             outcome = self._reconcile_one(path, key, facts, apply=apply)
             if facts.amd and apply:
-                self._report(outcome)
+                self._report(outcome, facts)
             outcomes.append(outcome)
         return PassReport(tuple(outcomes), time.monotonic() - started)
 
@@ -138,6 +149,7 @@ class Reconciler:
                 self._settings.effective_lock_file,
                 timeout=self._settings.lock_timeout,
                 group_of=self._settings.slots_dir,
+                cancelled=self._cancelled,
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:
@@ -222,7 +234,7 @@ class Reconciler:
             _log.error("profiles.unreadable", path=str(self._settings.profiles_file), error=error)
         self._catalog_reported = error
 
-    def _report(self, o: Outcome) -> None:
+    def _report(self, o: Outcome, facts: HostFacts) -> None:
         """Log one event per decision that matters; problems only when they first appear."""
         fields = {"slot": o.name, "path": str(o.path)}
         if o.status is OutcomeStatus.RELABELED and o.verdict is not None:
@@ -235,6 +247,7 @@ class Reconciler:
                     **fields,
                     **change,
                     behaviour_change="the slot leaves the GPU and runs on the CPU, much slower",
+                    rocm_lane=facts.lane_reason,
                 )
             elif v.reason is Reason.RESTORE_OWN_DEMOTION:
                 _log.info("slot.restored_to_rocm", **fields, **change)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE
@@ -95,12 +96,18 @@ def test_failed_move_rolls_everything_back(make_tree, built_modules, monkeypatch
         p.relative_to(tree.jit): p.read_bytes() if p.is_file() else None
         for p in tree.jit.rglob("*")
     }
-    real_rename, calls = os.rename, []
+    real_rename, moves = os.rename, []
 
     def flaky(src, dst):
-        calls.append(src)
-        if len(calls) == 2:
-            raise PermissionError(13, "Permission denied", str(dst))
+        # only module moves count: the manifest's own atomic write renames a temp file too
+        if str(src).endswith(".tmp"):
+            pass
+        elif heal.QUARANTINE_DIR in Path(dst).parts:
+            moves.append(("out", src))
+            if len(moves) == 2:
+                raise PermissionError(13, "Permission denied", str(dst))
+        elif heal.QUARANTINE_DIR in Path(src).parts:
+            moves.append(("back", dst))
         real_rename(src, dst)
 
     monkeypatch.setattr(heal.os, "rename", flaky)
@@ -115,7 +122,8 @@ def test_failed_move_rolls_everything_back(make_tree, built_modules, monkeypatch
     assert heal.list_quarantines(tree.jit) == []
     assert [e for e in _events(logs) if e.startswith("aiter.heal")] == ["aiter.heal_failed"]
     assert "undone" in report.heals[0].error
-    assert len(calls) == 3  # two moves tried, one undone
+    assert ["out", "out", "back"] == [kind for kind, _ in moves]  # two moves tried, one undone
+    assert moves[0][1] == moves[2][1]  # the one that moved is the one put back
 
 
 def test_convergence_guard_stops_a_second_heal(stale_tree, built_modules):

@@ -20,16 +20,36 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
     environment.pop("JOURNAL_STREAM", None)
     environment.pop("NOTIFY_SOCKET", None)
-    return subprocess.run([sys.executable, "-m", "hal0_reconciler", *args], capture_output=True,
-                          text=True, env=environment, timeout=50, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hal0_reconciler", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=50,
+        check=False,
+    )
 
 
 def host_args(host_dirs: dict[str, Path]) -> list[str]:
     return [
-        "--slots-dir", str(host_dirs["slots_dir"]), "--state-dir", str(host_dirs["state_dir"]),
-        "--runtime-dir", str(host_dirs["runtime_dir"]), "--profiles-file", str(host_dirs["profiles_file"]),
-        "--amdgpu-module-dir", str(host_dirs["amdgpu_module_dir"]), "--kfd-path", str(host_dirs["kfd_path"]),
-        "--dri-dir", str(host_dirs["dri_dir"]), "--user", "54321:54321", "--log-format", "json",
+        "--slots-dir",
+        str(host_dirs["slots_dir"]),
+        "--state-dir",
+        str(host_dirs["state_dir"]),
+        "--runtime-dir",
+        str(host_dirs["runtime_dir"]),
+        "--profiles-file",
+        str(host_dirs["profiles_file"]),
+        "--amdgpu-module-dir",
+        str(host_dirs["amdgpu_module_dir"]),
+        "--kfd-path",
+        str(host_dirs["kfd_path"]),
+        "--dri-dir",
+        str(host_dirs["dri_dir"]),
+        "--user",
+        "54321:54321",
+        "--log-format",
+        "json",
     ]
 
 
@@ -40,13 +60,27 @@ def make_usable_lane(host_dirs: dict[str, Path]) -> None:
         os.chmod(node, 0o666)  # mknod's mode is cut by the umask
 
 
-def test_plan_shows_pending_relabels_and_exits_2(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+def test_plan_shows_pending_relabels_and_exits_2(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
     """`plan` lists what would change and why, changes nothing, and exits 2 when changes are pending."""
     before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
     result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable")
     assert 2 == result.returncode, result.stderr
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[3:] if line.strip() and "pending" not in line}
-    assert ["agent", "agent.toml", "llama-server", "gpu-vulkan", "relabel", "gpu-rocm", "vulkan-retired-rocm-usable"] == rows["agent"]
+    rows = {
+        line.split()[0]: line.split()
+        for line in result.stdout.splitlines()[3:]
+        if line.strip() and "pending" not in line
+    }
+    assert [
+        "agent",
+        "agent.toml",
+        "llama-server",
+        "gpu-vulkan",
+        "relabel",
+        "gpu-rocm",
+        "vulkan-retired-rocm-usable",
+    ] == rows["agent"]
     assert "keep" == rows["img"][4]
     assert "7 change(s) pending" in result.stdout
     assert before == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
@@ -60,10 +94,14 @@ def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) 
     by_slot = {s["slot"]: s for s in doc["slots"]}
     assert ("relabel", "cpu") == (by_slot["coder"]["action"], by_slot["coder"]["new"])
     assert 7 == doc["pending"]
-    assert {"amd": True, "rocm_lane": "unusable"} == {k: doc["host"][k] for k in ("amd", "rocm_lane")}
+    assert {"amd": True, "rocm_lane": "unusable"} == {
+        k: doc["host"][k] for k in ("amd", "rocm_lane")
+    }
 
 
-def test_plan_on_a_non_amd_host_has_nothing_to_do(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+def test_plan_on_a_non_amd_host_has_nothing_to_do(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
     """Without amdgpu, `plan` says so and exits 0."""
     result = cli("plan", *host_args(host_dirs))
     assert 0 == result.returncode, result.stderr
@@ -71,7 +109,9 @@ def test_plan_on_a_non_amd_host_has_nothing_to_do(seeded_slots: Path, host_dirs:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
-def test_once_applies_then_converges_silently(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+def test_once_applies_then_converges_silently(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
     """`once` relabels with the real probe; a second `once` changes nothing and logs nothing."""
     make_usable_lane(host_dirs)
     first = cli("once", *host_args(host_dirs))
@@ -96,13 +136,25 @@ def test_probe_reports_the_failing_node(host_dirs: dict[str, Path]) -> None:
     assert f"{host_dirs['kfd_path']}: permission errno 13" in result.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only slot file only stops non-root writers; here we make the directory unwritable")
-def test_once_exits_1_when_a_file_cannot_be_written(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="a read-only slot file only stops non-root writers; here we make the directory unwritable",
+)
+def test_once_exits_1_when_a_file_cannot_be_written(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
     """When a write fails, `once` logs it, leaves the file intact and exits 1."""
     make_usable_lane(host_dirs)
-    result = cli("once", *host_args(host_dirs), "--lock-file", str(host_dirs["slots_dir"] / "no-such-dir" / "x.lock"))
+    result = cli(
+        "once",
+        *host_args(host_dirs),
+        "--lock-file",
+        str(host_dirs["slots_dir"] / "no-such-dir" / "x.lock"),
+    )
     assert 1 == result.returncode
-    assert {"slot.write_failed"} == {json.loads(line)["event"] for line in result.stderr.splitlines()}
+    assert {"slot.write_failed"} == {
+        json.loads(line)["event"] for line in result.stderr.splitlines()
+    }
     assert 'device = "gpu-vulkan"' in (seeded_slots / "agent.toml").read_text()
 
 
@@ -113,3 +165,17 @@ def test_bad_setting_is_named(tmp_path: Path) -> None:
     result = cli("plan", "--config", str(cfg))
     assert 1 == result.returncode
     assert "unknown setting 'slot_dir'" in result.stderr
+
+
+def test_a_probe_that_cannot_run_demotes_nothing(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
+    """A mistyped service user makes the probe fail: `once` says so and demotes nothing."""
+    host_dirs["amdgpu_module_dir"].mkdir(parents=True)
+    before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+    result = cli("once", *host_args(host_dirs), "--user", "no-such-user-here")
+    assert 0 == result.returncode, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert ["host.probe_failed"] == [e["event"] for e in events]
+    assert "no-such-user-here" in events[0]["reason"]
+    assert before == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}

@@ -7,12 +7,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
 import structlog.testing
 
-from hal0_reconciler.model import HostFacts
+from hal0_reconciler.model import FailureKind, HostFacts, LaneState, NodeFailure, ProbeResult
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
 from hal0_reconciler.state import DemotionLedger
 from helpers.hosts import NOT_AMD, ROCM_UNSETTLED, ROCM_UNUSABLE, ROCM_USABLE, shared_path
@@ -283,3 +286,73 @@ def test_real_hal0_seed_slots_are_relabelled_byte_minimally(
     for name, old in before.items():
         expected = old.replace(b'device = "gpu-vulkan"', b'device = "gpu-rocm"', 1)
         assert expected == after[name], name
+
+
+def test_exotic_layout_is_rewritten_whole_and_says_comments_were_lost(
+    seeded_slots: Path, make_settings
+) -> None:
+    """An inline [slot] table cannot be edited in place: it is re-serialised, and a warning says so."""
+    inline = seeded_slots / "inline.toml"
+    inline.write_text(
+        '# a comment that cannot survive\nslot = { name = "inline", device = "gpu-vulkan" }\n'
+    )
+    with structlog.testing.capture_logs() as logs:
+        Reconciler(make_settings()).reconcile(ROCM_USABLE, [inline])
+    assert ["slot.relabeled", "slot.comments_lost"] == [e["event"] for e in logs]
+    assert {"slot": {"name": "inline", "device": "gpu-rocm"}} == tomllib.loads(inline.read_text())
+
+
+def test_demotion_event_says_why_the_lane_is_unusable(seeded_slots: Path, make_settings) -> None:
+    """The cpu demotion warning carries the probe's reason, so the operator sees the cause."""
+    facts = HostFacts(
+        amd=True,
+        lane=LaneState.UNUSABLE,
+        probe=ProbeResult(
+            usable=False,
+            credentials=None,
+            kfd_ok=False,
+            render_node=None,
+            failures=(NodeFailure("/dev/kfd", FailureKind.PERMISSION, 13, "Permission denied"),),
+        ),
+    )
+    with structlog.testing.capture_logs() as logs:
+        Reconciler(make_settings()).reconcile(facts, [seeded_slots / "coder.toml"])
+    assert ["/dev/kfd: permission (Permission denied)"] == [e["rocm_lane"] for e in logs]
+
+
+def test_new_settings_keep_the_memory_of_reported_problems(
+    seeded_slots: Path, make_settings
+) -> None:
+    """After a settings reload, a problem already reported is not reported again."""
+    (seeded_slots / "bad.toml").write_text("name = \n")
+    reconciler = Reconciler(make_settings())
+    reconciler.reconcile(ROCM_USABLE)
+    reconciler.update_settings(make_settings(demote_grace=5))
+    with structlog.testing.capture_logs() as logs:
+        reconciler.reconcile(ROCM_USABLE)
+    assert [] == logs
+
+
+@pytest.mark.timeout(30)
+def test_a_stopping_daemon_stops_waiting_for_the_lock(seeded_slots: Path, make_settings) -> None:
+    """A lock wait ends as soon as the daemon is told to stop; the file is left as it was."""
+    settings = make_settings(lock_timeout=20.0)
+    hold = "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(20)"
+    coder = seeded_slots / "coder.toml"
+    before = coder.read_bytes()
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(settings.effective_lock_file)], stdout=subprocess.PIPE
+    ) as holder:
+        assert holder.stdout is not None
+        holder.stdout.readline()
+        try:
+            started = time.monotonic()
+            report = Reconciler(settings, cancelled=stop.is_set).reconcile(ROCM_USABLE, [coder])
+            waited = time.monotonic() - started
+        finally:
+            holder.kill()
+    assert [OutcomeStatus.WRITE_FAILED] == [o.status for o in report.outcomes]
+    assert waited < 10
+    assert before == coder.read_bytes()

@@ -28,11 +28,12 @@ BROKEN = ProbeResult(
     [
         pytest.param(USABLE, LaneState.USABLE, id="usable"),
         pytest.param(REFUSED, LaneState.UNUSABLE, id="refused"),
-        pytest.param(BROKEN, LaneState.UNUSABLE, id="probe-failed"),
+        pytest.param(BROKEN, LaneState.UNKNOWN, id="probe-failed"),
     ],
 )
 def test_lane_state(result, expected):
-    """Only a probe that ran and opened both nodes makes the lane usable."""
+    """Only a probe that ran and opened both nodes makes the lane usable; a probe that
+    could not run leaves the lane unknown."""
     assert expected == facts.lane_state(result)
 
 
@@ -75,11 +76,11 @@ def test_a_non_amd_host_is_not_probed(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_an_unresolvable_service_user_makes_the_lane_unusable_with_the_reason(tmp_path):
-    """On an AMD host, a service user that does not exist is an unusable lane that says why."""
+def test_an_unresolvable_service_user_makes_the_lane_unknown_with_the_reason(tmp_path):
+    """On an AMD host, a service user that does not exist is an unknown lane that says why."""
     result = facts.gather(settings_for(tmp_path, amd=True))
 
-    assert (True, LaneState.UNUSABLE) == (result.amd, result.lane)
+    assert (True, LaneState.UNKNOWN) == (result.amd, result.lane)
     assert "probe failed: service user 'hal0-no-such-user' does not exist" == result.lane_reason
 
 

@@ -22,6 +22,7 @@ VALIDATED = frozenset({"ghcr.io/hal0ai/hal0-combined:0822"})
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
 UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
 UNSETTLED = HostFacts(amd=True, lane=LaneState.UNSETTLED)
+UNKNOWN = HostFacts(amd=True, lane=LaneState.UNKNOWN)
 NOT_AMD = HostFacts(amd=False, lane=LaneState.UNUSABLE)
 
 
@@ -139,6 +140,12 @@ def test_demotion_waits_for_the_grace() -> None:
     assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, UNSETTLED)
 
 
+def test_a_probe_that_could_not_run_demotes_nothing() -> None:
+    """When the probe itself failed (e.g. no such service user), vulkan slots are kept."""
+    expected = Verdict(Action.KEEP, Reason.LANE_UNKNOWN, Runtime.LLAMA_SERVER, "gpu-vulkan")
+    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, UNKNOWN)
+
+
 def test_own_demotion_is_restored_when_the_lane_is_usable() -> None:
     """A slot the reconciler demoted to cpu goes to gpu-rocm once the lane is usable again."""
     expected = Verdict(
@@ -147,7 +154,9 @@ def test_own_demotion_is_restored_when_the_lane_is_usable() -> None:
     assert expected == decide("cpu", Runtime.LLAMA_SERVER, USABLE, demoted_by_us=True)
 
 
-@pytest.mark.parametrize("facts", [UNUSABLE, UNSETTLED], ids=["unusable", "unsettled"])
+@pytest.mark.parametrize(
+    "facts", [UNUSABLE, UNSETTLED, UNKNOWN], ids=["unusable", "unsettled", "unknown"]
+)
 def test_own_demotion_stays_while_the_lane_is_not_usable(facts: HostFacts) -> None:
     """A demoted slot stays on cpu while the lane is not usable."""
     assert Action.KEEP == decide("cpu", Runtime.LLAMA_SERVER, facts, demoted_by_us=True).action
@@ -158,7 +167,7 @@ def test_operator_cpu_slot_is_not_promoted() -> None:
     assert Action.KEEP == decide("cpu", Runtime.LLAMA_SERVER, USABLE).action
 
 
-@pytest.mark.parametrize("facts", [USABLE, UNUSABLE, UNSETTLED, NOT_AMD])
+@pytest.mark.parametrize("facts", [USABLE, UNUSABLE, UNSETTLED, UNKNOWN, NOT_AMD])
 @pytest.mark.parametrize("device", ["gpu-rocm", "cpu", "npu", "gpu-cuda", "gpu-vulkan"])
 @pytest.mark.parametrize("runtime", list(Runtime))
 @pytest.mark.parametrize("demoted", [True, False])

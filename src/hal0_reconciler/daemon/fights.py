@@ -110,6 +110,8 @@ class LaneTracker:
         lane = raw.lane
         if raw.lane is LaneState.USABLE:
             self._unusable_since = None
+        elif raw.lane is LaneState.UNKNOWN:
+            pass  # the probe could not run: neither starts nor ends the grace
         else:
             if self._unusable_since is None:
                 self._unusable_since = now

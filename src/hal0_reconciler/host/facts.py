@@ -21,8 +21,11 @@ def is_amd_host(settings: Settings) -> bool:
 
 
 def lane_state(result: ProbeResult) -> LaneState:
-    """USABLE only when the probe ran and the service user opened kfd and a render node."""
-    return LaneState.USABLE if result.error is None and result.usable else LaneState.UNUSABLE
+    """USABLE when the service user opened kfd and a render node; UNKNOWN when the probe
+    itself could not run (a typo in the user, the interpreter gone): that proves nothing."""
+    if result.error is not None:
+        return LaneState.UNKNOWN
+    return LaneState.USABLE if result.usable else LaneState.UNUSABLE
 
 
 def host_facts(*, amd: bool, result: ProbeResult | None) -> HostFacts:
@@ -41,7 +44,7 @@ def gather(
     """Look at the host now. The lane is probed only on an AMD host, as the service user.
 
     ``credentials`` default to ``settings.service_user`` resolved now; a user that cannot be
-    resolved gives an unusable lane whose probe carries the error. Never raises ProbeFailed.
+    resolved gives an UNKNOWN lane whose probe carries the error. Never raises ProbeFailed.
     """
     if not is_amd_host(settings):
         return host_facts(amd=False, result=None)

@@ -49,4 +49,6 @@ def decide(
         return relabel(Device.GPU_ROCM, Reason.VULKAN_RETIRED_ROCM_USABLE)
     if facts.lane is LaneState.UNSETTLED:
         return keep(Reason.DEMOTION_GRACE)
+    if facts.lane is LaneState.UNKNOWN:  # a probe that could not run proves nothing: no demotion
+        return keep(Reason.LANE_UNKNOWN)
     return relabel(Device.CPU, Reason.VULKAN_RETIRED_ROCM_UNUSABLE)

@@ -13,7 +13,7 @@ import os
 import stat
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,12 +100,17 @@ def replace_slot(path: Path, data: bytes, *, like: os.stat_result) -> None:
 
 @contextmanager
 def slot_write_lock(
-    lock_file: Path, *, timeout: float, group_of: Path | None = None
+    lock_file: Path,
+    *,
+    timeout: float,
+    group_of: Path | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[None]:
     """Hold hal0's slot write lock (exclusive flock), waiting at most ``timeout`` seconds.
 
     A lock file we create gets hal0's mode 0664 whatever our umask, and the group of
-    ``group_of`` (the slots directory), so hal0's own writers can still open it.
+    ``group_of`` (the slots directory), so hal0's own writers can still open it. The wait
+    ends early, with LockTimeout, once ``cancelled()`` is true (the daemon is stopping).
     """
     fd = _open_lock_file(lock_file, group_of=group_of)
     try:
@@ -116,6 +121,8 @@ def slot_write_lock(
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if cancelled is not None and cancelled():
+                    raise LockTimeout(f"{lock_file}: gave up waiting, stopping") from None
                 if time.monotonic() >= deadline:
                     raise LockTimeout(
                         f"{lock_file}: slot write lock still held by another writer after "
