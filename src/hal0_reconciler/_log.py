@@ -177,8 +177,17 @@ class _StdlibJsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
+class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The stdlib handler this module installs (the one a second ``configure`` replaces)."""
+
+
 def configure(fmt: LogFormat, level: str) -> LogFormat:
-    """Configure structlog (and stdlib logging for libraries) once; returns the format used."""
+    """Configure structlog (and stdlib logging for libraries); returns the format used.
+
+    Safe to call again (the daemon does on SIGHUP when ``log_format``/``log_level`` changed):
+    structlog is reconfigured and only the stdlib handler installed here is replaced; handlers
+    others added to the root logger stay.
+    """
     resolved = resolve_format(fmt)
     threshold = _LEVELS.get(level.lower(), logging.INFO)
     shared: list[Processor] = [
@@ -187,7 +196,7 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
     ]
     logger_factory: Callable[..., Any]
     processors: list[Processor]
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _OurHandler(sys.stderr)
     if resolved is LogFormat.JOURNAL:
         send = _journal_send()
         processors = [
@@ -222,8 +231,9 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if isinstance(h, _OurHandler)]:
         root.removeHandler(old)
+        old.close()
     root.addHandler(handler)
     root.setLevel(max(threshold, logging.WARNING))
     return resolved

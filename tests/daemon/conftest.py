@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aiter"))  # aiter_support
+
+from aiter_support import rules, so_builder  # noqa: F401 - session fixtures (gcc builds)
 
 from helpers import devnodes
 from helpers.daemon_host import Host

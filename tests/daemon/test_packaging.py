@@ -38,6 +38,14 @@ def test_the_unit_is_a_hardened_notify_service_that_can_still_probe() -> None:
     assert ["hal0-reconciler"] == d["StateDirectory"] == d["RuntimeDirectory"]
 
 
+def test_the_unit_keeps_other_users_processes_closed() -> None:
+    """No CAP_SYS_PTRACE: other users' /proc stays closed; root's processes stay visible."""
+    d = _directives()
+    assert ["ptraceable"] == d["ProtectProc"]
+    assert "CAP_SYS_PTRACE" not in d["CapabilityBoundingSet"][0].split()
+    assert any("@debug" in v for v in d["SystemCallFilter"])  # the ptrace() syscall stays out
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
     """systemd-analyze verify prints nothing (ExecStart points at a stub of the same shape)."""
@@ -74,3 +82,40 @@ def test_the_example_documents_every_setting_with_its_default() -> None:
     parsed = tomllib.loads(top.replace('lock_file = ""', "").replace('metrics_textfile = ""', ""))
     loaded = settings_mod.load(None, parsed)
     assert settings_mod.Settings().resync_interval == loaded.resync_interval
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_security_exposure_stays_at_its_measured_level(tmp_path: Path) -> None:
+    """systemd-analyze security --offline rates the unit 2.6 or better (the floor of this design)."""
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text())
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    exposure = float(last.split("service:")[1].split()[0])
+    assert exposure <= 2.6, last
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="no systemd-sysusers")
+def test_sysusers_entry_creates_only_the_hal0_user(tmp_path: Path) -> None:
+    """The sysusers entry makes user and group hal0 in an empty root, and no group membership."""
+    (tmp_path / "etc").mkdir()
+    entry = REPO / "packaging/sysusers.d/hal0-reconciler.conf"
+    done = subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", str(entry)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    passwd = (tmp_path / "etc/passwd").read_text()
+    group = (tmp_path / "etc/group").read_text()
+    assert ["hal0"] == [line.split(":")[0] for line in passwd.splitlines()]
+    assert ["hal0"] == [line.split(":")[0] for line in group.splitlines()]
+    assert group.splitlines()[0].endswith(":")  # no members added

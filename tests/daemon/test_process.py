@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import status
@@ -17,7 +18,9 @@ from helpers.notify_socket import NotifySocket
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start(host: Host, sock: NotifySocket, *extra: str) -> subprocess.Popen[bytes]:
+def _start(
+    host: Host, sock: NotifySocket, *extra: str, stderr: Any = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
     o = host.overrides()
     flags = {
         "--slots-dir": o["slots_dir"],
@@ -28,8 +31,9 @@ def _start(host: Host, sock: NotifySocket, *extra: str) -> subprocess.Popen[byte
         "--dri-dir": o["dri_dir"],
         "--profiles-file": o["profiles_file"],
         "--user": o["service_user"],
-        "--log-format": "json",
     }
+    if "--config" not in extra:
+        flags["--log-format"] = "json"
     argv = [sys.executable, "-m", "hal0_reconciler", "run"]
     for flag, value in flags.items():
         argv += [flag, value]
@@ -44,7 +48,7 @@ def _start(host: Host, sock: NotifySocket, *extra: str) -> subprocess.Popen[byte
     }
     env.pop("JOURNAL_STREAM", None)
     env.pop("WATCHDOG_PID", None)
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr)
 
 
 def _settings(host: Host) -> settings_mod.Settings:
@@ -86,3 +90,99 @@ def test_the_daemon_process_lifecycle(host: Host, tmp_path: Path) -> None:
     assert [] == leftovers
     text, code = status.report(_settings(host))
     assert status.EXIT_NOT_RUNNING == code, text
+
+
+def test_sighup_applies_a_changed_log_level_and_format(host: Host, tmp_path: Path) -> None:
+    """A reload whose settings change log_level/format reconfigures logging in the process."""
+    config = tmp_path / "reconciler.toml"
+    config.write_text('log_format = "json"\nlog_level = "warning"\n')
+    err = tmp_path / "stderr"
+    with NotifySocket() as sock, err.open("wb") as sink:
+        child = _start(host, sock, "--config", str(config), stderr=sink)
+        try:
+            sock.wait_for("READY=1", timeout=30)
+            first = drop_slot(host.slots, "first")
+            wait_until(lambda: device_of(first) == "gpu-rocm", what="relabel while warning")
+            config.write_text('log_format = "console"\nlog_level = "info"\n')
+            child.send_signal(signal.SIGHUP)
+            sock.wait_for("READY=1", count=2, timeout=30)
+            second = drop_slot(host.slots, "second")
+            wait_until(lambda: device_of(second) == "gpu-rocm", what="relabel while info")
+            wait_until(lambda: "slot.relabeled" in err.read_text(), what="the info event")
+            child.send_signal(signal.SIGTERM)
+            returncode = child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(5)
+            child.communicate(timeout=5)
+    lines = err.read_text().splitlines()
+    relabels = [line for line in lines if "slot.relabeled" in line]
+    assert 0 == returncode
+    assert 1 == len(relabels)  # the first relabel was below the warning level
+    assert "second" in relabels[0]
+    assert not relabels[0].startswith("{")  # console, not json
+    assert 1 == sum("daemon.logging_changed" in line for line in lines)
+
+
+HOLD_LOCK = (
+    "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
+    "fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(30)"
+)
+
+
+def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_path: Path) -> None:
+    """A worker waiting for the slot lock gives up on SIGTERM: exit 0 within 5 s, file intact."""
+    lock = host.settings().effective_lock_file
+    err = tmp_path / "stderr"
+    with (
+        NotifySocket() as sock,
+        err.open("wb") as sink,
+        subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE
+        ) as holder,
+    ):
+        assert holder.stdout is not None
+        assert b"locked\n" == holder.stdout.readline()
+        child = _start(host, sock, "--set", "lock_timeout=60", stderr=sink)
+        try:
+            sock.wait_for("READY=1", timeout=30)
+            slot = drop_slot(host.slots, "waiting")
+            before = slot.read_bytes()
+            time.sleep(1.0)  # the worker is now blocked on the lock
+            started = time.monotonic()
+            child.send_signal(signal.SIGTERM)
+            returncode = child.wait(timeout=15)
+            elapsed = time.monotonic() - started
+        finally:
+            holder.kill()
+            if child.poll() is None:
+                child.kill()
+                child.wait(5)
+            child.communicate(timeout=5)
+    assert 0 == returncode
+    assert elapsed < 5.0
+    assert before == slot.read_bytes()
+    assert "daemon.worker_abandoned" not in err.read_text()  # it stopped waiting, not abandoned
+
+
+def test_sighup_does_not_report_known_problems_again(host: Host, tmp_path: Path) -> None:
+    """After a reload, an unreadable slot that was already reported is not reported again."""
+    (host.slots / "broken.toml").write_text("name = \n")
+    err = tmp_path / "stderr"
+    with NotifySocket() as sock, err.open("wb") as sink:
+        child = _start(host, sock, stderr=sink)
+        try:
+            sock.wait_for("READY=1", timeout=30)
+            child.send_signal(signal.SIGHUP)
+            sock.wait_for("READY=1", count=2, timeout=30)
+            marker = drop_slot(host.slots, "after-reload")  # a pass after the reload
+            wait_until(lambda: device_of(marker) == "gpu-rocm", what="a pass after the reload")
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(5)
+            child.communicate(timeout=5)
+    assert 1 == sum('"slot.unreadable"' in line for line in err.read_text().splitlines())

@@ -149,3 +149,43 @@ def test_journal_format_is_chosen_when_journal_stream_is_stderr(tmp_path: Path) 
     assert LogFormat.JOURNAL.value == out.stdout.decode().strip()
     if importlib.util.find_spec("systemd") is None:  # else the event went to the journal natively
         assert "<4>daemon.problem problem=x" == err.read_text().splitlines()[0]
+
+
+def test_configure_twice_replaces_only_its_own_handler() -> None:
+    """A second configure() (SIGHUP) leaves one handler of its own and keeps others' handlers."""
+    import logging
+
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    saved_config = structlog.get_config()
+    foreign = logging.NullHandler()
+    root.addHandler(foreign)
+    try:
+        _log.configure(LogFormat.JSON, "info")
+        _log.configure(LogFormat.CONSOLE, "debug")
+        ours = [h for h in root.handlers if isinstance(h, _log._OurHandler)]
+        assert (1, True) == (len(ours), foreign in root.handlers)
+        assert isinstance(ours[0].formatter, logging.Formatter)
+        assert not isinstance(ours[0].formatter, _log._StdlibJsonFormatter)
+    finally:
+        for handler in list(root.handlers):
+            if handler not in saved_handlers:
+                root.removeHandler(handler)
+        root.setLevel(saved_level)
+        structlog.configure(**saved_config)
+
+
+def test_the_report_shows_the_aiter_self_heal(tmp_path: Path) -> None:
+    """Verdict counts, a pending heal and the modules that do not converge are reported."""
+    summary: dict[str, object] = {
+        "verdicts": {"covered": 2, "uncovered": 1},
+        "heal_pending": True,
+        "heals": 1,
+    }
+    summary["not_converging"] = ["base:module_x"]
+    status.write_status(_settings(tmp_path), _snapshot(aiter=summary))
+    text, _ = status.report(_settings(tmp_path), now=1005.0)
+    assert [
+        "  aiter:      2 covered, 1 uncovered; heal pending; 1 healed",
+        "  aiter not converging: base:module_x",
+    ] == [line for line in text.splitlines() if "aiter" in line]

@@ -170,6 +170,7 @@ def test_demote_grace_then_demotion_then_restore(host: Host, notify_socket) -> N
         wait_until(lambda: device_of(slot) == "cpu", timeout=20, what="demotion after grace")
         host.lane(usable=True)  # a /dev event: re-probe, lane usable, restore our demotion
         wait_until(lambda: device_of(slot) == "gpu-rocm", timeout=20, what="restore")
+        wait_until(lambda: any(e["event"] == "slot.restored_to_rocm" for e in logs))
     events = [e["event"] for e in logs]
     assert ["slot.demoted_to_cpu", "slot.restored_to_rocm"] == [
         e for e in events if e.startswith("slot.")
@@ -189,6 +190,7 @@ def test_an_operator_edit_inside_the_grace_is_not_demoted(host: Host, notify_soc
         assert "gpu-vulkan" == device_of(slot)
         host.lane(usable=True)
         wait_until(lambda: device_of(slot) == "gpu-rocm", what="relabel to rocm")
+        wait_until(lambda: daemon.stats().relabels >= 1, what="the pass noted")
         assert 1 == daemon.stats().relabels
 
 
@@ -232,3 +234,23 @@ def test_reload_on_request_sends_reloading_then_ready(
 def test_null_notifier_says_nothing() -> None:
     """Outside systemd the null notifier is used and asks for no watchdog pings."""
     assert notify.NullNotifier().watchdog_interval() is None
+
+
+def test_status_lists_slots_that_share_a_display_name(host: Host, notify_socket) -> None:
+    """Two files whose slots carry the same name both show in status.json (keyed by file)."""
+    import json
+
+    first = drop_slot(host.slots, "twin")
+    second = host.slots / "twin-copy.toml"
+    second.write_text(first.read_text())
+    settings = host.settings()
+    with running(settings):
+        notify_socket.wait_for("READY=1")
+        status_file = settings.runtime_dir / "status.json"
+        wait_until(
+            lambda: status_file.exists() and len(json.loads(status_file.read_text())["slots"]) == 2,
+            what="both slots in status.json",
+        )
+        slots = json.loads(status_file.read_text())["slots"]
+    assert {"twin.toml", "twin-copy.toml"} == set(slots)
+    assert {"twin"} == {s["name"] for s in slots.values()}

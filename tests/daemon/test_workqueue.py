@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hal0_reconciler.daemon.workqueue import Closed, Special, WorkQueue
+from hal0_reconciler.daemon.workqueue import Closed, Special, Window, WorkQueue
 from hal0_reconciler.model import SlotKey
 
 A = SlotKey("/s/a.toml")
@@ -110,3 +110,68 @@ def test_settle_must_not_exceed_cap(clock: FakeClock) -> None:
     """A settle window longer than its cap is refused."""
     with pytest.raises(ValueError, match="settle"):
         WorkQueue(settle=3.0, cap=2.0, clock=clock)
+
+
+AITER_WINDOW = {Special.AITER: Window(settle=2.0, cap=10.0)}
+
+
+def test_a_key_with_its_own_window_settles_on_its_own(clock: FakeClock) -> None:
+    """The aiter key waits its 2 s window; slot keys beside it are taken after their 0.2 s."""
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock, windows=AITER_WINDOW)
+    queue.add_many([A, Special.AITER])
+    clock.now += 0.2
+    first = queue.take(clock.now)
+    assert first is not None
+    assert frozenset({A}) == first.keys
+    queue.done(first)
+    clock.now += 1.0
+    assert queue.take(clock.now) is None
+    clock.now += 0.8
+    second = queue.take(clock.now)
+    assert second is not None
+    assert (frozenset({Special.AITER}), True) == (second.keys, second.aiter)
+
+
+def test_churn_on_a_windowed_key_is_capped_by_its_own_cap(clock: FakeClock) -> None:
+    """An aiter event every second never settles 2 s, but is taken 10 s after the first one."""
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock, windows=AITER_WINDOW)
+    taken = None
+    for _ in range(20):
+        queue.add(Special.AITER)
+        clock.now += 1.0
+        taken = queue.take(clock.now)
+        if taken is not None:
+            break
+    assert taken is not None
+    assert 100.0 + 10.0 == pytest.approx(clock.now)
+
+
+def test_a_full_pass_absorbs_a_settled_aiter_key_but_not_a_settling_one(
+    clock: FakeClock,
+) -> None:
+    """EVERYTHING covers a ready aiter key; one still settling stays dirty for later."""
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock, windows=AITER_WINDOW)
+    queue.add(Special.AITER)
+    clock.now += 2.0
+    queue.add(Special.EVERYTHING)
+    clock.now += 0.2
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (frozenset({Special.EVERYTHING}), True, 0) == (batch.keys, batch.aiter, queue.pending())
+    queue.done(batch)
+    queue.add_many([Special.EVERYTHING, Special.AITER])
+    clock.now += 0.2
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (frozenset({Special.EVERYTHING}), 1) == (batch.keys, queue.pending())
+
+
+def test_retuning_without_a_window_merges_the_key_into_the_default(clock: FakeClock) -> None:
+    """A reload that drops the aiter window: its pending key follows the default window."""
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock, windows=AITER_WINDOW)
+    queue.add(Special.AITER)
+    queue.tune(settle=0.2, cap=2.0, windows={})
+    clock.now += 0.2
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert frozenset({Special.AITER}) == batch.keys

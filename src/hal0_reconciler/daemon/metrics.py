@@ -27,6 +27,10 @@ class Metrics:
     pass_duration: float = 0.0
     last_pass_timestamp: float = 0.0
     rocm_lane_usable: bool = False
+    aiter_enabled: bool = False  # the aiter families are written only when trees are configured
+    aiter_modules_uncovered: int = 0
+    aiter_heals: int = 0  # modules quarantined since start
+    aiter_check_failures: int = 0
 
 
 def _escape(value: str) -> str:
@@ -62,6 +66,15 @@ def render(m: Metrics) -> str:
     lines.append(f"{_PREFIX}_last_pass_timestamp_seconds {m.last_pass_timestamp:.3f}")
     lines += _family("rocm_lane_usable", "gauge", "1 when the service user can use the ROCm lane.")
     lines.append(f"{_PREFIX}_rocm_lane_usable {int(m.rocm_lane_usable)}")
+    if m.aiter_enabled:
+        lines += _family(
+            "aiter_modules_uncovered", "gauge", "aiter modules missing kernels their tables name."
+        )
+        lines.append(f"{_PREFIX}_aiter_modules_uncovered {m.aiter_modules_uncovered}")
+        lines += _family("aiter_heals_total", "counter", "aiter modules quarantined (healed).")
+        lines.append(f"{_PREFIX}_aiter_heals_total {m.aiter_heals}")
+        lines += _family("aiter_check_failures_total", "counter", "aiter checks that raised.")
+        lines.append(f"{_PREFIX}_aiter_check_failures_total {m.aiter_check_failures}")
     return "\n".join(lines) + "\n"
 
 

@@ -68,6 +68,20 @@ def _ago(now: float, then: Any) -> str:
     return f"{max(0, round(now - then))}s ago"
 
 
+def _aiter_lines(summary: dict[str, Any]) -> list[str]:
+    """The aiter self-heal's part of the report (nothing when no tree is configured)."""
+    if not summary:
+        return []
+    counts = sorted((summary.get("verdicts") or {}).items())
+    verdicts = ", ".join(f"{n} {v}" for v, n in counts) or "no modules"
+    state = "heal pending" if summary.get("heal_pending") else "nothing to heal"
+    lines = [f"  aiter:      {verdicts}; {state}; {summary.get('heals', 0)} healed"]
+    stuck = summary.get("not_converging") or []
+    if stuck:
+        lines.append(f"  aiter not converging: {', '.join(stuck)}")
+    return lines
+
+
 def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
     """A short human report of the daemon's status file, and the exit code for ``status``."""
     now = time.time() if now is None else now
@@ -111,10 +125,12 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
     if lane:
         lines.append(f"  rocm lane:  {lane.get('state')} ({lane.get('reason')})")
     lines.append(f"  watches:    {snapshot.get('watch_mode', '?')}")
-    for name, slot in sorted((snapshot.get("slots") or {}).items()):
+    lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
+    for file_name, slot in sorted((snapshot.get("slots") or {}).items()):
+        name = f"{slot.get('name') or '-'} ({file_name})"
         change = slot.get("device") or ""
         reason = slot.get("reason") or slot.get("message") or ""
-        lines.append(f"    {name:<24} {slot.get('status', '?'):<12} {change:<11} {reason}".rstrip())
+        lines.append(f"    {name:<32} {slot.get('status', '?'):<12} {change:<11} {reason}".rstrip())
     pending = snapshot.get("pending_restarts") or {}
     if pending:
         items = ", ".join(f"{n} in {round(s)}s" for n, s in sorted(pending.items()))

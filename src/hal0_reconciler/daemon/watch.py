@@ -5,7 +5,10 @@ Watched, all non-recursive:
   or moved *onto* (the temp-file-and-rename save) is a change of that slot;
 - its parent: the slots directory itself deleted, created or moved means "everything";
 - the folder of the kfd node (``/dev``) and the DRI folder: nodes appearing, going, or changing
-  mode/owner mean "re-probe the host".
+  mode/owner mean "re-probe the host";
+- the aiter folders (each tree's ``configs/``, ``configs/model_configs/`` and JIT folder; never
+  ``build/``): any change there means "re-plan aiter". While aiter trees are configured, a slot
+  file change also does (its ``[server].env`` may choose other tables or another JIT folder).
 
 Events can be lost; the main loop calls :meth:`Watcher.check`, which says when a full pass is
 needed: the inotify queue overflowed (watchdog only logs it, on ``watchdog.observers.inotify_c``),
@@ -140,6 +143,7 @@ class Watcher:
         enqueue: Callable[[Iterable[WorkKey]], None],
         wake: Callable[[], None],
         observer_factory: ObserverFactory = Observer,
+        aiter_dirs: Iterable[Path] = (),
     ) -> None:
         self._slots_dir = slots_dir
         self._dev_dir = dev_dir
@@ -163,6 +167,9 @@ class Watcher:
         if dri_dir is not None:
             self._watches.append(_Watch(dri_dir, _Handler(self._dri_keys, self._enqueue)))
         self._reported: dict[str, str] = {}
+        self._aiter_dirs: tuple[Path, ...] = ()
+        self._aiter_handler = _Handler(self._aiter_keys, self._enqueue)
+        self.set_aiter_dirs(aiter_dirs)
 
     # -- event → keys (run on the observer thread) -----------------------------------------------
     def _enqueue(self, keys: Iterable[WorkKey]) -> None:
@@ -172,6 +179,12 @@ class Watcher:
     def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE:
             return []
+        keys = self._slot_change_keys(event)
+        if keys and self._aiter_dirs:
+            keys.append(Special.AITER)
+        return keys
+
+    def _slot_change_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         keys: list[WorkKey] = []
         for raw in _paths(event):
             path = Path(raw)
@@ -215,6 +228,11 @@ class Watcher:
             return [Special.HOST_FACTS]
         return []
 
+    def _aiter_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE:
+            return []  # the check's own reads of tables and modules
+        return [Special.AITER]
+
     def _on_overflow(self) -> None:
         self._overflowed.set()
         self._wake()
@@ -248,6 +266,35 @@ class Watcher:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def set_aiter_dirs(self, paths: Iterable[Path]) -> None:
+        """Watch exactly these aiter folders (main thread; an unchanged set costs nothing)."""
+        wanted = tuple(
+            dict.fromkeys(
+                p.absolute()
+                for p in paths
+                if p.name != "build" and p.absolute() != self._slots_dir  # slots: watched already
+            )
+        )
+        if wanted == self._aiter_dirs:
+            return
+        self._aiter_dirs = wanted
+        keep: list[_Watch] = []
+        for watch in self._watches:
+            if watch.handler is self._aiter_handler and watch.path not in wanted:
+                if watch.handle is not None and self._observer is not None:
+                    with contextlib.suppress(Exception):
+                        self._observer.unschedule(watch.handle)
+                continue
+            keep.append(watch)
+        have = {w.path for w in keep if w.handler is self._aiter_handler}
+        keep += [_Watch(path, self._aiter_handler) for path in wanted if path not in have]
+        self._watches = keep
+        self._schedule_missing(retry_failures=True)
+
+    @property
+    def aiter_dirs(self) -> tuple[Path, ...]:
+        return self._aiter_dirs
 
     # -- the main loop's look -------------------------------------------------------------------
     def check(self, *, retry_failures: bool = False) -> list[Trigger]:

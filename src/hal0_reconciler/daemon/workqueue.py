@@ -1,10 +1,14 @@
-"""Keyed, level-triggered work queue with a settle window. No I/O, no watchdog; clock injected.
+"""Keyed, level-triggered work queue with settle windows. No I/O, no watchdog; clock injected.
 
 Events are hints: each one marks a key dirty. The worker takes every dirty key at once, as one
 batch, when the queue has been quiet for ``settle`` seconds since the last event, or when the
 oldest pending event is ``cap`` seconds old (continuous churn cannot starve the worker). N events
 for one key before it is taken are one unit of work. A key added while its batch is being
 processed stays dirty and is taken again after ``done()`` (never processed twice at once).
+
+A key given its own :class:`Window` (the aiter check: seconds, not milliseconds) settles on its
+own clock: its events neither delay the other keys nor are hurried by them. Every other key
+shares the default window, so a burst of slot files is still one batch.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +40,8 @@ class Special(enum.StrEnum):
     """Keys that are not one slot file."""
 
     HOST_FACTS = "<host-facts>"  # re-probe the host; reconcile everything when the lane changed
-    EVERYTHING = "<everything>"  # a full pass: fresh host facts and every slot
+    EVERYTHING = "<everything>"  # a full pass: fresh host facts, every slot, the aiter check
+    AITER = "<aiter>"  # re-plan the aiter trees (and heal per settings)
 
 
 WorkKey = SlotKey | Special
@@ -47,6 +52,33 @@ class Closed(enum.Enum):
     """The typed stop sentinel ``WorkQueue.get`` returns once the queue is closed."""
 
     TOKEN = enum.auto()
+
+
+@dataclass(frozen=True)
+class Window:
+    """A key waits ``settle`` s after its last event, at most ``cap`` s after its first."""
+
+    settle: float
+    cap: float
+
+    def __post_init__(self) -> None:
+        if self.settle < 0 or self.cap < self.settle:
+            raise ValueError("need 0 <= settle <= cap")
+
+
+@dataclass
+class _Pending:
+    """The dirty keys of one window, and when their oldest and newest events came."""
+
+    first: float
+    last: float
+    keys: set[WorkKey]
+
+    def ready_at(self, window: Window) -> float:
+        return min(self.last + window.settle, self.first + window.cap)
+
+
+_DEFAULT: None = None  # the group of every key without a window of its own
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,10 @@ class Batch:
         return Special.HOST_FACTS in self.keys or self.everything
 
     @property
+    def aiter(self) -> bool:
+        return Special.AITER in self.keys or self.everything
+
+    @property
     def slots(self) -> tuple[SlotKey, ...]:
         return tuple(sorted(k for k in self.keys if not isinstance(k, Special)))
 
@@ -72,28 +108,47 @@ class Batch:
 class WorkQueue:
     """Thread-safe; the pure decisions (``ready_at``, ``take``) take the time as an argument."""
 
-    def __init__(self, *, settle: float, cap: float, clock: Clock) -> None:
-        if settle < 0 or cap < settle:
-            raise ValueError("need 0 <= settle <= cap")
-        self._settle = settle
-        self._cap = cap
+    def __init__(
+        self,
+        *,
+        settle: float,
+        cap: float,
+        clock: Clock,
+        windows: Mapping[WorkKey, Window] | None = None,
+    ) -> None:
+        self._default = Window(settle, cap)
+        self._windows = dict(windows or {})
         self._clock = clock
-        self._dirty: set[WorkKey] = set()
+        self._groups: dict[WorkKey | None, _Pending] = {}
         self._processing: frozenset[WorkKey] = frozenset()
-        self._first: float | None = None  # when the oldest pending event arrived
-        self._last: float | None = None  # when the newest pending event arrived
         self._events = 0
         self._closed = False
         self._cond = threading.Condition()
 
-    def tune(self, *, settle: float, cap: float) -> None:
-        """New settle window and cap (a settings reload)."""
-        if settle < 0 or cap < settle:
-            raise ValueError("need 0 <= settle <= cap")
+    def tune(
+        self, *, settle: float, cap: float, windows: Mapping[WorkKey, Window] | None = None
+    ) -> None:
+        """New settle window and cap (a settings reload); ``windows`` replaces the per-key ones."""
+        default = Window(settle, cap)
         with self._cond:
-            self._settle = settle
-            self._cap = cap
+            self._default = default
+            if windows is not None:
+                self._windows = dict(windows)
+                for key in [k for k in self._groups if k is not None and k not in self._windows]:
+                    self._merge(self._groups.pop(key))  # no window of its own any more
             self._cond.notify_all()
+
+    def _window(self, group: WorkKey | None) -> Window:
+        return self._windows.get(group, self._default) if group is not None else self._default
+
+    def _merge(self, pending: _Pending) -> None:
+        into = self._groups.get(_DEFAULT)
+        if into is None:
+            self._groups[_DEFAULT] = pending
+            return
+        into.first = min(into.first, pending.first)
+        into.last = max(into.last, pending.last)
+        into.keys |= pending.keys
 
     # -- producers -------------------------------------------------------------------------
     def add(self, key: WorkKey) -> None:
@@ -105,15 +160,17 @@ class WorkQueue:
         with self._cond:
             added = False
             for key in keys:
-                self._dirty.add(key)
+                group = key if key in self._windows else _DEFAULT
+                pending = self._groups.get(group)
+                if pending is None:
+                    self._groups[group] = _Pending(now, now, {key})
+                else:
+                    pending.last = now
+                    pending.keys.add(key)
                 self._events += 1
                 added = True
-            if not added:
-                return
-            if self._first is None:
-                self._first = now
-            self._last = now
-            self._cond.notify_all()
+            if added:
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Wake every waiter; ``get`` returns ``Closed.TOKEN`` from now on."""
@@ -123,34 +180,34 @@ class WorkQueue:
 
     # -- pure decisions ----------------------------------------------------------------------
     def ready_at(self) -> float | None:
-        """When the pending keys may be taken (monotonic seconds), or None when nothing waits."""
+        """When some pending keys may be taken (monotonic seconds), or None when nothing waits."""
         with self._cond:
             return self._ready_at_locked()
 
     def _ready_at_locked(self) -> float | None:
-        if not self._dirty or self._first is None or self._last is None:
-            return None
-        return min(self._last + self._settle, self._first + self._cap)
+        times = [p.ready_at(self._window(g)) for g, p in self._groups.items()]
+        return min(times) if times else None
 
     def take(self, now: float) -> Batch | None:
-        """Move every dirty key to processing when they are ready at ``now``; else None.
+        """Move every dirty key that is ready at ``now`` to processing; else None.
 
-        Returns None while the previous batch is still being processed (call ``done`` first).
+        Keys whose own window has not settled yet stay dirty. Returns None while the previous
+        batch is still being processed (call ``done`` first).
         """
         with self._cond:
             return self._take_locked(now)
 
     def _take_locked(self, now: float) -> Batch | None:
-        ready = self._ready_at_locked()
-        if ready is None or now < ready or self._processing:
+        if self._processing:
             return None
-        keys = frozenset(self._dirty)
+        ready = [g for g, p in self._groups.items() if p.ready_at(self._window(g)) <= now]
+        if not ready:
+            return None
+        keys = frozenset(k for g in ready for k in self._groups.pop(g).keys)
         if Special.EVERYTHING in keys:
-            keys = frozenset({Special.EVERYTHING})  # a full pass covers every other key
+            keys = frozenset({Special.EVERYTHING})  # a full pass covers every other ready key
         batch = Batch(keys=keys, events=self._events)
         self._processing = keys
-        self._dirty.clear()
-        self._first = self._last = None
         self._events = 0
         return batch
 
@@ -164,12 +221,13 @@ class WorkQueue:
     # -- observers ---------------------------------------------------------------------------
     def pending(self) -> int:
         with self._cond:
-            return len(self._dirty)
+            return sum(len(p.keys) for p in self._groups.values())
 
     def oldest_pending_age(self, now: float) -> float:
         """How long the oldest dirty key has waited (0.0 when none waits)."""
         with self._cond:
-            return 0.0 if self._first is None else max(0.0, now - self._first)
+            firsts = [p.first for p in self._groups.values()]
+            return max(0.0, now - min(firsts)) if firsts else 0.0
 
     # -- the consumer's blocking wait ------------------------------------------------------------
     def get(self, *, timeout: float | None = None) -> Batch | Closed | None:

@@ -1,0 +1,249 @@
+"""The aiter self-heal as daemon work: one monitor, its checks, their summary, the retry back-off.
+
+The worker calls :meth:`SelfHeal.check` for the ``<aiter>`` key and at every full pass. A check
+never stops the slot work: an exception is one ``aiter.check_failed`` event and the daemon goes
+on; after ``FAILING_AFTER`` failures in a row it is a status problem until a check succeeds. A
+heal refused because a build is running (``retry_soon``) asks for another check after a back-off
+that doubles from ``RETRY_FIRST`` up to ``RETRY_MAX`` seconds. The main loop reads
+:meth:`retry_at` and :meth:`watch_paths`; everything else is for status and metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from hal0_reconciler.aiter import monitor, plan
+from hal0_reconciler.daemon import workqueue
+from hal0_reconciler.settings import Settings
+
+log = structlog.get_logger("hal0_reconciler.daemon.selfheal")
+
+RETRY_FIRST = 5.0
+RETRY_MAX = 60.0
+FAILING_AFTER = 3  # failed checks in a row before status names it as a problem
+SETTLE_CAP_FACTOR = 5  # an aiter event waits at most this many settle windows under churn
+
+
+class AiterCheck(Protocol):
+    """What the daemon needs from ``aiter.monitor.AiterMonitor`` (tests inject failing ones)."""
+
+    def watch_paths(self) -> list[Path]: ...
+    def check(self, *, heal: bool) -> monitor.MonitorReport: ...
+
+
+AiterFactory = Callable[[Settings], AiterCheck]
+"""Builds the monitor for a settings snapshot (the real one is ``AiterMonitor``)."""
+
+
+def window(settings: Settings) -> workqueue.Window:
+    """The ``<aiter>`` key's own settle window (``[aiter].settle_window``, capped at 5x it)."""
+    settle = settings.aiter.settle_window
+    return workqueue.Window(settle=settle, cap=settle * SETTLE_CAP_FACTOR)
+
+
+def static_watch_paths(settings: Settings) -> list[Path]:
+    """The folders known without asking the monitor (when it cannot be built or asked)."""
+    return [
+        p
+        for tree in settings.aiter.trees
+        for p in (tree.package_dir / "configs", tree.package_dir / "configs/model_configs")
+    ]
+
+
+@dataclass
+class _State:
+    checks: int = 0
+    failures_in_a_row: int = 0
+    failures_total: int = 0
+    last_error: str | None = None
+    heals: int = 0  # modules quarantined since start
+    last_quarantine: str | None = None
+    retry_delay: float = 0.0
+    retry_at: float | None = None  # monotonic
+    checked_at: float | None = None  # wall clock
+    summary: dict[str, Any] = field(default_factory=dict)
+    uncovered: int = 0
+
+
+class SelfHeal:
+    """Owned by the runner; ``check`` runs on the worker, the rest on the main loop."""
+
+    def __init__(
+        self, settings: Settings, *, factory: AiterFactory, clock: workqueue.Clock
+    ) -> None:
+        self._factory = factory
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._settings = settings
+        self._monitor: AiterCheck | None = None
+        self._paths: tuple[Path, ...] = tuple(static_watch_paths(settings))
+        self._state = _State()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._settings.aiter.trees)
+
+    def update_settings(self, settings: Settings) -> None:
+        """A reload: a new monitor when anything it reads changed (it re-logs its findings)."""
+        with self._lock:
+            old = self._settings
+            self._settings = settings
+            if (old.aiter, old.slots_dir, old.state_dir) != (
+                settings.aiter,
+                settings.slots_dir,
+                settings.state_dir,
+            ):
+                self._monitor = None
+                self._paths = tuple(static_watch_paths(settings))
+                self._state.retry_at = None
+            if not settings.aiter.trees:
+                self._state = _State()
+
+    # -- the main loop's look -------------------------------------------------------------------
+    def watch_paths(self) -> tuple[Path, ...]:
+        with self._lock:
+            return self._paths if self.enabled else ()
+
+    def retry_at(self) -> float | None:
+        with self._lock:
+            return self._state.retry_at
+
+    def generation(self) -> int:
+        """Grows with every check, failed or not (the main loop republishes status then)."""
+        with self._lock:
+            return self._state.checks + self._state.failures_total
+
+    def retry_taken(self) -> None:
+        with self._lock:
+            self._state.retry_at = None
+
+    def refresh_watch_paths(self) -> None:
+        """Ask the monitor which folders to watch (builds it; called before the first watch)."""
+        with self._lock:
+            settings = self._settings
+        if not settings.aiter.trees:
+            return
+        try:
+            mon = self._get_monitor(settings)
+        except Exception as exc:
+            log.warning("aiter.watch_paths_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._watch_paths_of(mon, settings)
+
+    # -- the worker's side ------------------------------------------------------------------------
+    def check(self) -> bool:
+        """One check, healing per settings. False when it failed (already logged)."""
+        with self._lock:
+            settings = self._settings
+        if not settings.aiter.trees:
+            return True
+        try:
+            mon = self._get_monitor(settings)
+            report = mon.check(heal=settings.aiter.heal)
+        except Exception as exc:
+            log.exception("aiter.check_failed", error=f"{type(exc).__name__}: {exc}")
+            with self._lock:
+                s = self._state
+                s.failures_in_a_row += 1
+                s.failures_total += 1
+                s.last_error = f"{type(exc).__name__}: {exc}"
+            return False
+        self._watch_paths_of(mon, settings)
+        self._record(report)
+        return True
+
+    def _get_monitor(self, settings: Settings) -> AiterCheck:
+        with self._lock:
+            if self._monitor is None:
+                self._monitor = self._factory(settings)
+            return self._monitor
+
+    def _watch_paths_of(self, mon: AiterCheck, settings: Settings) -> None:
+        try:
+            paths = tuple(mon.watch_paths())
+        except Exception as exc:
+            log.warning("aiter.watch_paths_failed", error=f"{type(exc).__name__}: {exc}")
+            paths = tuple(static_watch_paths(settings))
+        with self._lock:
+            self._paths = paths
+
+    def _record(self, report: monitor.MonitorReport) -> None:
+        modules = [(p, m) for p in report.plans for m in p.modules]
+        healed = [h for h in report.heals if h.quarantine is not None]
+        with self._lock:
+            s = self._state
+            s.checks += 1
+            s.failures_in_a_row = 0
+            s.last_error = None
+            s.checked_at = time.time()
+            s.heals += sum(len(h.modules) for h in healed)
+            if healed:
+                s.last_quarantine = healed[-1].quarantine
+            if report.retry_soon:
+                s.retry_delay = min(RETRY_MAX, s.retry_delay * 2 if s.retry_delay else RETRY_FIRST)
+                s.retry_at = self._clock.monotonic() + s.retry_delay
+            else:
+                s.retry_delay = 0.0
+                s.retry_at = None
+            s.uncovered = sum(1 for _, m in modules if m.status is plan.Status.UNCOVERED)
+            s.summary = {
+                "verdicts": dict(sorted(Counter(str(m.status) for _, m in modules).items())),
+                "uncovered": sorted(
+                    f"{p.environment}:{m.module}"
+                    for p, m in modules
+                    if m.status is plan.Status.UNCOVERED
+                ),
+                "heal_pending": report.heal_pending,
+                "not_converging": sorted(
+                    f"{p.environment}:{m.module}"
+                    for p, m in modules
+                    if m.action is plan.Action.STUCK
+                ),
+                "refused": sorted({b for h in report.heals for b in h.refused}),
+                "errors": list(report.errors),
+            }
+
+    # -- status and metrics ---------------------------------------------------------------------
+    def problem(self) -> str | None:
+        """The status problem to show, if any: a check that keeps failing, or heal errors."""
+        with self._lock:
+            s = self._state
+            if s.failures_in_a_row >= FAILING_AFTER:
+                times = s.failures_in_a_row
+                return f"the aiter check failed {times} times in a row: {s.last_error}"
+            errors = s.summary.get("errors") or []
+            return f"aiter: {errors[0]}" if errors else None
+
+    def status(self) -> dict[str, Any] | None:
+        """The ``aiter`` part of status.json (None when no tree is configured)."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            s = self._state
+            retry = None
+            if s.retry_at is not None:
+                retry = round(max(0.0, s.retry_at - self._clock.monotonic()), 1)
+            return {
+                **s.summary,
+                "checks": s.checks,
+                "checked_at": s.checked_at,
+                "failures_in_a_row": s.failures_in_a_row,
+                "last_error": s.last_error,
+                "heals": s.heals,
+                "last_quarantine": s.last_quarantine,
+                "retry_in": retry,
+            }
+
+    def counters(self) -> tuple[int, int, int]:
+        """(modules uncovered now, modules healed since start, failed checks since start)."""
+        with self._lock:
+            s = self._state
+            return s.uncovered, s.heals, s.failures_total
