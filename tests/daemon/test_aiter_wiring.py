@@ -77,6 +77,11 @@ def test_an_overlay_naming_a_missing_kernel_quarantines_exactly_that_module(
         wait_until(lambda: _quarantined(tree), timeout=20, what="the quarantine")
         wait_until(lambda: _aiter_status(settings).get("heals") == 1, what="status updated")
         aiter_status = _aiter_status(settings)
+        # the textfile is written after the check, apart from status.json: wait for it too
+        wait_until(
+            lambda: "hal0_reconciler_aiter_heals_total 1" in metrics_file.read_text().splitlines(),
+            what="the heal in the metrics textfile",
+        )
         metrics_text = metrics_file.read_text()
     assert [["build", "manifest.json", f"{BPS_CK}.so"]] == _quarantined(tree)
     assert (False, True) == (

@@ -131,6 +131,22 @@ HOLD_LOCK = (
 )
 
 
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds ``path`` open (the worker opens the lock file to wait)."""
+    target = os.path.realpath(path)
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_path: Path) -> None:
     """A worker waiting for the slot lock gives up on SIGTERM: exit 0 within 5 s, file intact."""
     lock = host.settings().effective_lock_file
@@ -149,7 +165,7 @@ def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_pat
             sock.wait_for("READY=1", timeout=30)
             slot = drop_slot(host.slots, "waiting")
             before = slot.read_bytes()
-            time.sleep(1.0)  # the worker is now blocked on the lock
+            wait_until(lambda: _has_open(child.pid, lock), what="the worker waiting for the lock")
             started = time.monotonic()
             child.send_signal(signal.SIGTERM)
             returncode = child.wait(timeout=15)

@@ -49,6 +49,7 @@ def test_ready_only_after_the_first_full_pass(host: Host, notify_socket) -> None
         gate.set()
         notify_socket.wait_for("READY=1")
         assert "gpu-rocm" == device_of(host.slots / "agent.toml")
+    notify_socket.wait_for("STOPPING=1")  # sent; the socket's reader may not have it yet
     assert ["READY=1", "STOPPING=1"] == notify_socket.lifecycle()
 
 
@@ -76,9 +77,16 @@ def test_watchdog_pings_stop_while_a_pass_is_wedged(
         try:
             drop_slot(host.slots, "agent")
             wait_until(engines[0].entered.is_set, what="the wedged pass")
-            threading.Event().wait(1.0)  # stuck_after passes: pings must stop
+            # stuck_after passes: the main loop reports UNHEALTHY, and pings stop from then on
+            # (one socket, in order: every ping sent before that STATUS= is already received)
+            wait_until(
+                lambda: any(
+                    m.startswith("STATUS=") and "UNHEALTHY" in m for m in notify_socket.messages()
+                ),
+                what="the UNHEALTHY status",
+            )
             before = notify_socket.messages().count("WATCHDOG=1")
-            threading.Event().wait(1.0)
+            threading.Event().wait(1.0)  # 10 ping intervals
             after = notify_socket.messages().count("WATCHDOG=1")
             assert before == after
             statuses = [m for m in notify_socket.messages() if m.startswith("STATUS=")]
@@ -163,7 +171,7 @@ def test_demote_grace_then_demotion_then_restore(host: Host, notify_socket) -> N
     host.lane(usable=False)
     drop_slot(host.slots, "agent")
     slot = host.slots / "agent.toml"
-    with running(host.settings(demote_grace=1.5)) as daemon, capture_logs() as logs:
+    with running(host.settings(demote_grace=3)) as daemon, capture_logs() as logs:
         notify_socket.wait_for("READY=1")
         assert "gpu-vulkan" == device_of(slot)
         assert LaneState.UNSETTLED == daemon.stats().lane
@@ -228,6 +236,7 @@ def test_reload_on_request_sends_reloading_then_ready(
         notify_socket.wait_for("READY=1", count=2)
         assert daemon.stats().full_passes > fulls
         assert 7 == daemon._settings.fight_limit
+    notify_socket.wait_for("STOPPING=1")  # sent; the socket's reader may not have it yet
     assert ["READY=1", "RELOADING=1", "READY=1", "STOPPING=1"] == notify_socket.lifecycle()
 
 

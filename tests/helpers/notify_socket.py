@@ -49,8 +49,20 @@ class NotifySocket:
     ) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._drain()  # what was sent before we stopped reading (a child's last STOPPING=1)
         self._sock.close()
         self._dir.cleanup()
+
+    def _drain(self) -> None:
+        self._sock.setblocking(False)
+        while True:
+            try:
+                data = self._sock.recv(65536)
+            except OSError:  # BlockingIOError: nothing left
+                return
+            with self._cond:
+                self._messages.append((time.monotonic(), data.decode("latin-1")))
+                self._cond.notify_all()
 
     def messages(self) -> list[str]:
         with self._cond:

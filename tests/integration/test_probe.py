@@ -257,9 +257,9 @@ def test_a_hanging_child_is_killed_and_reaped_within_the_timeout(dev, tmp_path):
     assert (False, None) == (result.usable, result.render_node)
     assert result.error is not None
     assert "timed out after 1.0s" in result.error
-    assert elapsed < 2.0
+    assert elapsed < 10  # not the sleeper's 60 s: generous for a loaded machine
     assert [] == psutil.Process().children(recursive=True)
-    assert True is devnodes.dies_within(int(pidfile.read_text()), 2.0)
+    assert True is devnodes.dies_within(int(pidfile.read_text()), 10.0)
     assert fds_before == open_fds()
 
 

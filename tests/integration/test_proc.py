@@ -95,13 +95,13 @@ def test_a_timed_out_child_and_its_group_are_killed_and_reaped(tmp_path):
     with pytest.raises(errors.ProcFailed) as caught:
         proc.run(["sh", "-c", 'sleep 60 & echo $! > "$0"; wait', str(pidfile)], timeout=0.5)
 
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # not the grandchild's 60 s: generous under load
     assert ("sh -c 'sleep 60 & echo $! > \"$0\"; wait'", "timed out after 0.5s") == (
         str(caught.value)[:39],
         str(caught.value).rsplit(": ", 1)[1],
     )
     assert [] == psutil.Process().children(recursive=True)
-    assert True is devnodes.dies_within(int(pidfile.read_text()), 2.0)
+    assert True is devnodes.dies_within(int(pidfile.read_text()), 10.0)
 
 
 def test_a_timed_out_child_that_ignores_sigterm_is_still_killed():

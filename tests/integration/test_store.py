@@ -141,6 +141,8 @@ HOLD_LOCK = textwrap.dedent(
     fcntl.flock(fd, fcntl.LOCK_EX)
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
+    if len(sys.argv) > 3:  # say so just before the lock goes (at exit)
+        open(sys.argv[3], "w").close()
     """
 )
 
@@ -149,16 +151,17 @@ HOLD_LOCK = textwrap.dedent(
 def test_lock_waits_for_another_process(tmp_path: Path) -> None:
     """The write lock is hal0's flock: while another process holds it, we wait."""
     lock = tmp_path / "slots.lock"
+    releasing = tmp_path / "releasing"
     with subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(lock), "0.6"], stdout=subprocess.PIPE
+        [sys.executable, "-c", HOLD_LOCK, str(lock), "0.6", str(releasing)],
+        stdout=subprocess.PIPE,
     ) as holder:
         assert holder.stdout is not None
         assert b"locked\n" == holder.stdout.readline()
-        started = time.monotonic()
         with store.slot_write_lock(lock, timeout=10):
-            waited = time.monotonic() - started
+            got_it_after_release = releasing.exists()
         holder.wait(timeout=10)
-    assert waited > 0.3
+    assert got_it_after_release  # not while the other process still held it
 
 
 @pytest.mark.timeout(20)

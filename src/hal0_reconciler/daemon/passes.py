@@ -48,6 +48,7 @@ class Progress:
 
     passes: int = 0
     full_passes: int = 0
+    batches: int = 0  # finished with everything recorded (pass, aiter check, problems, metrics)
     relabels_total: int = 0
     last_pass_at: float = 0.0  # wall clock
     last_full_pass: float | None = None  # monotonic
@@ -179,6 +180,7 @@ class Passes:
         finally:
             with self.lock:
                 self.progress.busy_since = None
+                self.progress.batches += 1  # last: the main loop republishes on seeing it
             self._wake()
 
     def _check_aiter(self, settings: Settings) -> None:

@@ -208,7 +208,7 @@ class Runner:
         ready_after: int | None = 1  # READY=1 once this many full passes are done
         next_ping = self._clock.monotonic()
         next_status = 0.0
-        reported_passes = -1  # passes and aiter checks, as last published
+        reported_passes = -1  # passes, aiter checks and finished batches, as last published
         reported_problems: list[str] = []
         progress = self._passes.progress
         lock = self._passes.lock
@@ -264,7 +264,8 @@ class Runner:
                 self._queue.add(workqueue.Special.AITER)
             with lock:
                 full_passes = progress.full_passes
-                passes_done = progress.passes + self._aiter.generation()
+                # a batch's end counts too: its problems and metrics come after its pass/check
+                passes_done = progress.passes + self._aiter.generation() + progress.batches
             if ready_after is not None and full_passes >= ready_after:
                 ready_after = None
                 self._notifier.ready()
