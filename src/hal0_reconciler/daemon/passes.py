@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import structlog
 
-from hal0_reconciler import reconcile
+from hal0_reconciler import lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
@@ -71,7 +70,7 @@ class Stats:
     lane: LaneState | None
 
 
-class Worker:
+class Worker(lifecycle.StartStop):
     """The one thread that reconciles. A context manager: closes the queue and joins."""
 
     def __init__(
@@ -98,16 +97,10 @@ class Worker:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def __enter__(self) -> Self:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._queue.close()
         self._thread.join(timeout=4.0)
         if self._thread.is_alive():  # say so: its file is left old (atomic writes), not torn

@@ -28,13 +28,13 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol
 
 import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from hal0_reconciler import lifecycle
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 from hal0_reconciler.model import SlotKey
 
@@ -129,7 +129,7 @@ class WatchHealth:
     observer_alive: bool = True
 
 
-class Watcher:
+class Watcher(lifecycle.StartStop):
     """Owns the observer and its watches. ``check`` is called from the main loop only."""
 
     def __init__(
@@ -254,18 +254,6 @@ class Watcher:
             with contextlib.suppress(Exception):
                 observer.stop()
             observer.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def set_aiter_dirs(self, paths: Iterable[Path]) -> None:
         """Watch exactly these aiter folders (main thread; an unchanged set costs nothing)."""

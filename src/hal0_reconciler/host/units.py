@@ -21,12 +21,10 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import structlog
 
-from hal0_reconciler import errors
+from hal0_reconciler import errors, lifecycle
 from hal0_reconciler.host import proc
 from hal0_reconciler.settings import RestartFallback, Settings
 
@@ -193,7 +191,7 @@ class _Stop(enum.Enum):
     TOKEN = enum.auto()
 
 
-class Restarter:
+class Restarter(lifecycle.StartStop):
     """A small worker thread applying restart requests, rate-limited per slot.
 
     ``submit`` never blocks. A request for a slot restarted less than ``restart_min_interval``
@@ -255,18 +253,6 @@ class Restarter:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _next_due(self) -> tuple[RestartRequest, Settings] | _Stop:
         with self._cond:
