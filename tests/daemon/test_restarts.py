@@ -43,6 +43,7 @@ def test_without_the_key_the_api_refuses_and_the_unit_is_stopped(host: Host, not
     warning = next(e for e in logs if e["event"] == "unit.stopped_needs_reload")
     assert ("warning", "agent") == (warning["log_level"], warning["slot"])
     assert "401" in warning["error"]
+    assert "auth.required: admin key required" in warning["error"]  # hal0's error envelope
 
 
 def test_fallback_none_leaves_the_unit_running(host: Host, notify_socket) -> None:

@@ -9,6 +9,11 @@ from types import TracebackType
 from typing import Self
 
 
+def _error(code: str, message: str) -> dict[str, object]:
+    """hal0's error envelope: ``{"error": {"code", "message", "details"}}``."""
+    return {"error": {"code": code, "message": message, "details": {}}}
+
+
 class Hal0Api:
     """Records every request as (method, path, authorization). ``key``: require this bearer."""
 
@@ -34,13 +39,15 @@ class Hal0Api:
                         "load",
                     }
                 ):
-                    self._answer(404, {"detail": "not found"})
+                    self._answer(404, _error("slot.not_found", "no such slot"))
                 elif api.key is not None and auth != f"Bearer {api.key}":
-                    self._answer(401, {"detail": "admin key required"})
+                    self._answer(401, _error("auth.required", "admin key required"))
+                elif api.status != 200:
+                    self._answer(api.status, _error("slot.restart_failed", "restart failed"))
                 else:
-                    self._answer(api.status, {"slot": parts[2], "status": "restarting"})
+                    self._answer(200, {"name": parts[2], "kind": "local", "status": "loading"})
 
-            def _answer(self, code: int, body: dict[str, str]) -> None:
+            def _answer(self, code: int, body: dict[str, object]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")

@@ -198,7 +198,8 @@ class Passes:
             old, new = view.changed if view.changed is not None else (None, raw.lane)
             if old is not None and raw.amd:
                 lane_changed = True
-                level = log.warning if new is LaneState.UNUSABLE else log.info
+                worse = new in (LaneState.UNUSABLE, LaneState.UNKNOWN)
+                level = log.warning if worse else log.info
                 level(
                     "host.rocm_lane_changed",
                     old=old.value,

@@ -122,7 +122,14 @@ def restart_via_api(settings: Settings, name: str) -> None:
 def _error_detail(exc: urllib.error.HTTPError) -> str:
     try:
         body = exc.read(2048).decode("utf-8", "replace")
-        detail = json.loads(body).get("detail", "") if body.startswith("{") else body
+        detail: object = body
+        if body.startswith("{"):
+            doc = json.loads(body)  # hal0: {"error": {"code": ..., "message": ...}}
+            error = doc.get("error")
+            if isinstance(error, dict):
+                detail = f"{error.get('code', '')}: {error.get('message', '')}".strip(": ")
+            else:
+                detail = doc.get("detail", "")
     except (OSError, ValueError, AttributeError):
         return ""
     return f": {str(detail).strip()[:200]}" if detail else ""
