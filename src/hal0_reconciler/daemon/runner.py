@@ -43,7 +43,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
-_LOOP_TICK = 1.0
+_LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
 
 
 def default_reconciler(
