@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Self
+
+from hal0_reconciler import lifecycle
 
 
 def _error(code: str, message: str) -> dict[str, object]:
@@ -14,7 +14,7 @@ def _error(code: str, message: str) -> dict[str, object]:
     return {"error": {"code": code, "message": message, "details": {}}}
 
 
-class Hal0Api:
+class Hal0Api(lifecycle.StartStop):
     """Records every request as (method, path, authorization). ``key``: require this bearer."""
 
     def __init__(self, *, key: str | None = None, status: int = 200) -> None:
@@ -68,16 +68,10 @@ class Hal0Api:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> Self:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)

@@ -7,11 +7,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from hal0_reconciler import lifecycle
 
 
-class NotifySocket:
+class NotifySocket(lifecycle.StartStop):
     """Binds a datagram socket and records every message in order (a reader thread)."""
 
     def __init__(self) -> None:
@@ -37,16 +37,10 @@ class NotifySocket:
                 self._messages.append((time.monotonic(), data.decode("latin-1")))
                 self._cond.notify_all()
 
-    def __enter__(self) -> Self:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self._drain()  # what was sent before we stopped reading (a child's last STOPPING=1)
