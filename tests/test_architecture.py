@@ -14,7 +14,7 @@ from helpers.hosts import REPO
 
 SRC = REPO / "src" / "hal0_reconciler"
 PURE = [
-    "slots/document.py", "slots/runtime.py", "slots/policy.py", "slots/edit.py", "model.py",
+    "slots/document.py", "slots/runtime.py", "slots/policy.py", "slots/edit.py", "slots/_tomlscan.py", "model.py",
     "aiter/resolve.py", "aiter/tables.py", "aiter/routing.py", "aiter/plan.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk

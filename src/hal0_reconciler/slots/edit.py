@@ -30,6 +30,7 @@ from typing import Any
 import tomli_w
 
 from hal0_reconciler import errors
+from hal0_reconciler.slots import _tomlscan
 
 __all__ = ["EditResult", "set_device"]
 
@@ -58,7 +59,7 @@ def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
         return EditResult(text, byte_minimal=True)
     try:
         candidate = _rewrite(text, table, new)
-    except _CannotEdit as exc:
+    except _tomlscan.CannotEdit as exc:
         note = str(exc)
     except RecursionError:
         note = "values nested too deeply to scan"
@@ -67,10 +68,6 @@ def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
             return EditResult(candidate, byte_minimal=True)
         note = "the byte-minimal rewrite did not re-parse to the intended document"
     return EditResult(_dump(expected, note), byte_minimal=False, note=note)
-
-
-class _CannotEdit(Exception):
-    """The byte-minimal rewrite is not possible; the message says why."""
 
 
 def _load(text: str) -> dict[str, Any]:
@@ -129,7 +126,7 @@ def _dump(expected: dict[str, Any], note: str) -> str:
 
 
 def _rewrite(text: str, table: tuple[str, ...], new: str) -> str:
-    headers, entries = _statements(text)
+    headers, entries = _tomlscan.statements(text)
     mine = [entry for entry in entries if entry.table == table]
     device = next((entry for entry in mine if entry.key == "device"), None)
     backend = next((entry for entry in mine if entry.key == "backend"), None)
@@ -137,9 +134,9 @@ def _rewrite(text: str, table: tuple[str, ...], new: str) -> str:
     if device is not None:
         old_value = text[device.value_start : device.value_end]
         if old_value.startswith(("'''", '"""')):
-            raise _CannotEdit("device is written as a multi-line string")
+            raise _tomlscan.CannotEdit("device is written as a multi-line string")
         if not old_value.startswith(("'", '"')):
-            raise _CannotEdit("device is not written as a string")
+            raise _tomlscan.CannotEdit("device is not written as a string")
         edits.append((device.value_start, device.value_end, _quoted(new, like=old_value)))
         if backend is not None:
             edits.append(_line_removal(text, backend))
@@ -154,7 +151,7 @@ def _rewrite(text: str, table: tuple[str, ...], new: str) -> str:
     return text
 
 
-def _line_removal(text: str, entry: _Entry) -> tuple[int, int, str]:
+def _line_removal(text: str, entry: _tomlscan.Entry) -> tuple[int, int, str]:
     """Delete the statement's lines with their line ending; at an unterminated end of the
     document, delete the line ending before them instead, so the document still ends unterminated.
     """
@@ -165,7 +162,11 @@ def _line_removal(text: str, entry: _Entry) -> tuple[int, int, str]:
 
 
 def _insertion(
-    text: str, table: tuple[str, ...], headers: list[_Header], mine: list[_Entry], new: str
+    text: str,
+    table: tuple[str, ...],
+    headers: list[_tomlscan.Header],
+    mine: list[_tomlscan.Entry],
+    new: str,
 ) -> tuple[int, int, str]:
     eol = "\r\n" if "\r\n" in text else "\n"
     indent = text[mine[0].line_start : mine[0].stmt_start] if mine else ""
@@ -173,7 +174,7 @@ def _insertion(
     if table:
         header = next((h for h in headers if h.path == table and not h.array), None)
         if header is None:
-            raise _CannotEdit(
+            raise _tomlscan.CannotEdit(
                 f"[{_dotted(table)}] has no header line of its own (inline table or dotted keys)"
             )
         at = header.line_end
@@ -209,232 +210,3 @@ def _quoted(value: str, *, like: str) -> str:
         for char in value
     )
     return f'"{escaped}"'
-
-
-# --- the scanner ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Header:
-    path: tuple[str, ...]
-    array: bool  # [[path]]
-    line_start: int
-    line_end: int  # after the line ending (or the end of the document)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One `key = value` statement, with the offsets an edit needs."""
-
-    table: tuple[str, ...]  # the table the key lands in: header path + dotted-key prefix
-    key: str  # the last part of the key, decoded
-    line_start: int  # start of its first physical line
-    stmt_start: int  # after the indentation
-    key_start: int  # span of the last key part as written
-    key_end: int
-    value_start: int
-    value_end: int
-    line_end: int  # after the line ending of its last line (or the end of the document)
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_SCALAR = re.compile(r"[^ \t\r\n#,\]}]+")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_TIME_AFTER_SPACE = re.compile(r" \d{2}:")
-
-
-def _statements(text: str) -> tuple[list[_Header], list[_Entry]]:
-    """Every table header and every top-level key/value statement of a valid TOML document."""
-    scan = _Scanner(text)
-    headers: list[_Header] = []
-    entries: list[_Entry] = []
-    current: tuple[str, ...] = ()
-    while scan.pos < len(text):
-        line_start = scan.pos
-        scan.skip_spaces()
-        stmt_start = scan.pos
-        if scan.at("["):
-            array = scan.at("[[")
-            scan.pos += 2 if array else 1
-            current, _ = scan.key()
-            scan.expect("]]" if array else "]")
-            headers.append(_Header(current, array, line_start, scan.end_of_line()))
-        elif scan.pos < len(text) and text[scan.pos] not in "#\r\n":
-            parts, (key_start, key_end) = scan.key()
-            scan.expect("=")
-            scan.skip_spaces()
-            value_start = scan.pos
-            scan.value()
-            value_end = scan.pos
-            entries.append(
-                _Entry(
-                    table=current + parts[:-1],
-                    key=parts[-1],
-                    line_start=line_start,
-                    stmt_start=stmt_start,
-                    key_start=key_start,
-                    key_end=key_end,
-                    value_start=value_start,
-                    value_end=value_end,
-                    line_end=scan.end_of_line(),
-                )
-            )
-        else:
-            scan.end_of_line()
-    return headers, entries
-
-
-class _Scanner:
-    """A cursor over TOML text that steps over keys and values without interpreting them."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def at(self, token: str) -> bool:
-        return self.text.startswith(token, self.pos)
-
-    def expect(self, token: str) -> None:
-        self.skip_spaces()
-        if not self.at(token):
-            raise _CannotEdit(f"unexpected text at offset {self.pos} (wanted {token!r})")
-        self.pos += len(token)
-
-    def skip_spaces(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t":
-            self.pos += 1
-
-    def skip_comment(self) -> None:
-        if self.at("#"):
-            newline = self.text.find("\n", self.pos)
-            end = len(self.text) if newline < 0 else newline
-            self.pos = end - 1 if self.text[end - 1 : end] == "\r" else end
-
-    def skip_blank(self) -> None:
-        """Spaces, line endings and comments (inside arrays and inline tables)."""
-        while True:
-            start = self.pos
-            while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
-                self.pos += 1
-            self.skip_comment()
-            if self.pos == start:
-                return
-
-    def end_of_line(self) -> int:
-        """Step over trailing spaces, a comment and the line ending; return the offset after."""
-        self.skip_spaces()
-        self.skip_comment()
-        for eol in ("\r\n", "\n"):
-            if self.at(eol):
-                self.pos += len(eol)
-                return self.pos
-        if self.pos < len(self.text):
-            raise _CannotEdit(f"unexpected text at offset {self.pos} (wanted a line end)")
-        return self.pos
-
-    def key(self) -> tuple[tuple[str, ...], tuple[int, int]]:
-        """A (dotted) key: its decoded parts and the span of its last part."""
-        parts: list[str] = []
-        while True:
-            self.skip_spaces()
-            start = self.pos
-            if self.at('"'):
-                self.single_line_string('"')
-                parts.append(_decode_basic(self.text[start : self.pos]))
-            elif self.at("'"):
-                self.single_line_string("'")
-                parts.append(self.text[start + 1 : self.pos - 1])
-            else:
-                match = _BARE_KEY.match(self.text, self.pos)
-                if match is None:
-                    raise _CannotEdit(f"no key at offset {self.pos}")
-                self.pos = match.end()
-                parts.append(match.group())
-            span = (start, self.pos)
-            self.skip_spaces()
-            if not self.at("."):
-                return tuple(parts), span
-            self.pos += 1
-
-    def value(self) -> None:
-        if self.at('"""') or self.at("'''"):
-            self.multi_line_string(self.text[self.pos : self.pos + 3])
-        elif self.at('"') or self.at("'"):
-            self.single_line_string(self.text[self.pos])
-        elif self.at("["):
-            self.collection("]", keyed=False)
-        elif self.at("{"):
-            self.collection("}", keyed=True)
-        else:
-            self.scalar()
-
-    def single_line_string(self, quote: str) -> None:
-        self.pos += 1
-        while self.pos < len(self.text):
-            char = self.text[self.pos]
-            if char == "\\" and quote == '"':
-                self.pos += 2
-            elif char == quote:
-                self.pos += 1
-                return
-            elif char == "\n":
-                break
-            else:
-                self.pos += 1
-        raise _CannotEdit("unterminated string")
-
-    def multi_line_string(self, delimiter: str) -> None:
-        self.pos += 3
-        while self.pos < len(self.text):
-            if delimiter == '"""' and self.at("\\"):
-                self.pos += 2
-            elif self.at(delimiter):
-                # up to two more quotes right before the delimiter belong to the content
-                quotes = 3
-                while quotes < 5 and self.at(delimiter[0] * (quotes + 1)):
-                    quotes += 1
-                self.pos += quotes
-                return
-            else:
-                self.pos += 1
-        raise _CannotEdit("unterminated multi-line string")
-
-    def collection(self, closer: str, *, keyed: bool) -> None:
-        """An array (`keyed=False`) or an inline table, over as many lines as it takes."""
-        self.pos += 1
-        while True:
-            self.skip_blank()
-            if self.at(closer):
-                self.pos += 1
-                return
-            if self.at(","):
-                self.pos += 1
-                continue
-            if self.pos >= len(self.text):
-                raise _CannotEdit("unterminated array or inline table")
-            if keyed:
-                self.key()
-                self.expect("=")
-                self.skip_spaces()
-            self.value()
-
-    def scalar(self) -> None:
-        """A number, boolean or date-time (which may hold one space: `1979-05-27 07:32:00`)."""
-        match = _SCALAR.match(self.text, self.pos)
-        if match is None:
-            raise _CannotEdit(f"no value at offset {self.pos}")
-        self.pos = match.end()
-        if _DATE.fullmatch(match.group()) and _TIME_AFTER_SPACE.match(self.text, self.pos):
-            self.pos += 1
-            self.scalar()
-
-
-def _decode_basic(quoted: str) -> str:
-    """The text of a basic-string key, escapes resolved (by tomllib itself)."""
-    try:
-        value = tomllib.loads(f"k = {quoted}")["k"]
-    except tomllib.TOMLDecodeError as exc:
-        raise _CannotEdit(f"bad quoted key {quoted}") from exc
-    if not isinstance(value, str):
-        raise _CannotEdit(f"bad quoted key {quoted}")
-    return value
