@@ -263,3 +263,46 @@ def test_status_lists_slots_that_share_a_display_name(host: Host, notify_socket)
         slots = json.loads(status_file.read_text())["slots"]
     assert {"twin.toml", "twin-copy.toml"} == set(slots)
     assert {"twin"} == {s["name"] for s in slots.values()}
+
+
+MAX_QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
+
+
+def _can_shrink_inotify_queue() -> bool:
+    try:
+        MAX_QUEUED.write_text(MAX_QUEUED.read_text())
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _can_shrink_inotify_queue(), reason="needs root and a writable fs.inotify.max_queued_events"
+)
+def test_a_real_inotify_overflow_triggers_a_full_pass(host: Host, notify_socket) -> None:
+    """With a tiny kernel queue, a flood of events overflows it: the daemon notices and resyncs."""
+    original = MAX_QUEUED.read_text()
+    MAX_QUEUED.write_text("8\n")  # taken by inotify instances created from now on: the daemon's
+    restored = False
+    try:
+        with running(host.settings()), capture_logs() as logs:
+            notify_socket.wait_for("READY=1")  # the watches (and their tiny queues) are in place
+            MAX_QUEUED.write_text(original)
+            restored = True
+
+            def resynced_for_overflow() -> bool:
+                return any(
+                    e["event"] == "daemon.resync_started"
+                    and Trigger.OVERFLOW.value in str(e.get("reason"))
+                    for e in list(logs)
+                )
+
+            for round_ in range(50):  # a flood of non-slot files: events only, no slot work
+                for n in range(200):
+                    (host.slots / f".flood-{round_}-{n}.tmp").write_bytes(b"x")
+                if resynced_for_overflow():
+                    break
+            wait_until(resynced_for_overflow, what="a resync for the overflow")
+    finally:
+        if not restored:
+            MAX_QUEUED.write_text(original)

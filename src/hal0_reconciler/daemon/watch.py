@@ -35,6 +35,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from hal0_reconciler import lifecycle
+from hal0_reconciler.daemon import _watchdog_compat
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 from hal0_reconciler.model import SlotKey
 
@@ -241,6 +242,7 @@ class Watcher(lifecycle.StartStop):
     def start(self) -> None:
         for name in _OVERFLOW_LOGGERS:
             logging.getLogger(name).addHandler(self._overflow_handler)
+        _watchdog_compat.report_overflows()  # watchdog 2.2 (Debian 12) would stay silent
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
