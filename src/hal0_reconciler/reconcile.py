@@ -190,6 +190,7 @@ class Reconciler:
             slot_file = store.read_slot(path)
         except FileNotFoundError:
             self.forget(key)
+            self._ledger.drop(key)  # a new file at this path is not the slot we demoted
             return Outcome(key, path, None, None, OutcomeStatus.GONE)
         except WriteRefused as exc:
             return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))

@@ -86,3 +86,14 @@ def test_a_non_amd_host_has_no_grace() -> None:
     lane = LaneTracker(grace=60, clock=FakeClock())
     facts = HostFacts(amd=False, lane=LaneState.UNUSABLE)
     assert facts == lane.observe(facts).facts
+
+
+def test_a_probe_that_could_not_run_passes_through_and_restarts_the_grace() -> None:
+    """UNKNOWN reaches the policy as it is (no demotion), and a later unusable probe gets a new grace."""
+    clock = FakeClock()
+    lane = LaneTracker(grace=60, clock=clock)
+    lane.observe(UNUSABLE)
+    clock.now += 30
+    assert LaneState.UNKNOWN == lane.observe(HostFacts(amd=True, lane=LaneState.UNKNOWN)).facts.lane
+    clock.now += 600
+    assert LaneState.UNSETTLED == lane.observe(UNUSABLE).facts.lane

@@ -89,3 +89,16 @@ def test_env_file_parsing_follows_shell_quoting(tmp_path) -> None:
     env.write_text('# c\nexport HAL0_ADMIN_KEY="a b"\nOTHER=x # note\n\nBROKEN\n')
     assert {"HAL0_ADMIN_KEY": "a b", "OTHER": "x"} == units.read_env_file(env)
     assert {} == units.read_env_file(tmp_path / "missing")
+
+
+def test_an_unreadable_api_env_file_still_falls_back_to_stopping(host: Host) -> None:
+    """A broken api.env (here a directory) is an API failure: the unit is still stopped."""
+    host.systemctl.set_states({UNIT: "active"})
+    broken = host.root / "etc/hal0/api.env"
+    broken.mkdir(parents=True)
+    settings = host.settings(api_env_file=str(broken))
+    with capture_logs() as logs:
+        result = units.apply_change(settings, units.RestartRequest(name="agent", token="agent"))
+    assert units.RestartResult.STOPPED == result
+    assert [["stop", "--no-block", UNIT]] == host.systemctl.actions()
+    assert "api.env" in next(e for e in logs if e["event"] == "unit.stopped_needs_reload")["error"]

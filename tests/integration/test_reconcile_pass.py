@@ -356,3 +356,18 @@ def test_a_stopping_daemon_stops_waiting_for_the_lock(seeded_slots: Path, make_s
     assert [OutcomeStatus.WRITE_FAILED] == [o.status for o in report.outcomes]
     assert waited < 10
     assert before == coder.read_bytes()
+
+
+def test_a_deleted_slot_takes_its_demotion_record_with_it(
+    seeded_slots: Path, make_settings, host_dirs: dict[str, Path]
+) -> None:
+    """A new file at the path of a slot we demoted is the operator's: its cpu is not 'restored'."""
+    settings = make_settings()
+    ledger = DemotionLedger.in_state_dir(host_dirs["state_dir"])
+    coder = seeded_slots / "coder.toml"
+    Reconciler(settings, ledger=ledger).reconcile(ROCM_UNUSABLE, [coder])
+    coder.unlink()
+    Reconciler(settings, ledger=ledger).reconcile(ROCM_UNUSABLE, [coder])
+    coder.write_text('# on the CPU on purpose\nname = "coder"\ndevice = "cpu"\n')
+    Reconciler(settings, ledger=ledger).reconcile(ROCM_USABLE, [coder])
+    assert 'device = "cpu"' in coder.read_text()

@@ -111,7 +111,7 @@ class LaneTracker:
         if raw.lane is LaneState.USABLE:
             self._unusable_since = None
         elif raw.lane is LaneState.UNKNOWN:
-            pass  # the probe could not run: neither starts nor ends the grace
+            self._unusable_since = None  # no probe, no continuity: a later grace starts afresh
         else:
             if self._unusable_since is None:
                 self._unusable_since = now

@@ -101,10 +101,16 @@ def restart_via_api(settings: Settings, name: str) -> None:
     """POST the restart; raises ApiNoAnswer, or ReconcilerError with the human line."""
     url = f"{settings.api_url.rstrip('/')}/api/slots/{urllib.parse.quote(name, safe='')}/restart"
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    key = read_env_file(settings.api_env_file).get(API_KEY_VARIABLE, "")
+    try:
+        key = read_env_file(settings.api_env_file).get(API_KEY_VARIABLE, "")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.ReconcilerError(f"cannot read {settings.api_env_file}: {exc}") from None
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")  # noqa: S310 - configured http(s) URL
+    try:
+        request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")  # noqa: S310 - configured http(s) URL
+    except ValueError as exc:
+        raise errors.ReconcilerError(f"bad api_url {settings.api_url!r}: {exc}") from None
     try:
         with urllib.request.urlopen(request, timeout=settings.api_timeout) as response:  # noqa: S310
             response.read(65536)
@@ -115,7 +121,7 @@ def restart_via_api(settings: Settings, name: str) -> None:
         raise errors.ReconcilerError(f"hal0 API unreachable at {url}: {exc.reason}") from None
     except TimeoutError:
         raise ApiNoAnswer(f"hal0 API gave no answer within {settings.api_timeout}s") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise errors.ReconcilerError(f"hal0 API call failed at {url}: {exc}") from None
 
 
