@@ -151,7 +151,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def _require_slots_dir(current: settings.Settings) -> None:
+    """A one-shot run against a folder that is not there is a mistake, not "no changes"."""
+    folder = current.slots_dir
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a directory"
+        raise SettingsError(f"slots directory {folder} {what}")
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise SettingsError(f"slots directory {folder} cannot be read")
+
+
 def _once(current: settings.Settings) -> int:
+    _require_slots_dir(current)
     facts = host_facts.gather(current)
     if facts.amd and facts.lane is LaneState.UNKNOWN:
         _cli_log.error(
@@ -163,6 +174,7 @@ def _once(current: settings.Settings) -> int:
 
 
 def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
+    _require_slots_dir(current)
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts, apply=False)

@@ -179,7 +179,7 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
         return dict(value)
     try:
         if hint is Path:
-            return Path(_expect(value, str))
+            return _path(_expect(value, str))
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             return hint(value)
         if hint is float:
@@ -194,6 +194,13 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
         detail = f": {exc}" if str(exc) else ""
         raise SettingsError(f"setting {name!r} has a bad value {value!r}{detail}") from None
     raise SettingsError(f"setting {name!r}: unsupported type {hint!r}")  # pragma: no cover
+
+
+def _path(text: str) -> Path:
+    """A path setting; an empty one would silently mean the current directory."""
+    if not text.strip():
+        raise ValueError("a path must not be empty")
+    return Path(text)
 
 
 def _expect(value: Any, kind: type) -> Any:

@@ -179,3 +179,26 @@ def test_a_probe_that_cannot_run_demotes_nothing(
     assert ["host.probe_failed"] == [e["event"] for e in events]
     assert "no-such-user-here" in events[0]["reason"]
     assert before == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (
+            ["--slots-dir", "/nonexistent-slots"],
+            "slots directory /nonexistent-slots does not exist",
+        ),
+        (["--slots-dir", "/etc/hostname"], "slots directory /etc/hostname is not a directory"),
+        (
+            ["--set", "slots_dir="],
+            "setting 'slots_dir' has a bad value '': a path must not be empty",
+        ),
+    ],
+)
+@pytest.mark.parametrize("verb", ["once", "plan"])
+def test_a_wrong_slots_folder_is_an_error_not_no_changes(
+    verb: str, flag: list[str], message: str
+) -> None:
+    """A typo in the slots folder exits 1 with one line, instead of reporting nothing to do."""
+    result = cli(verb, *flag)
+    assert (1, f"hal0-reconciler: {message}\n") == (result.returncode, result.stderr)
