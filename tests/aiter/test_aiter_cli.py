@@ -139,3 +139,11 @@ def test_options_override_configured_trees(tree, built_modules):
     """--target on a configured tree replaces its target (here: gfx942:80 makes ck stale too)."""
     code, out = _run(tree, "plan", "--target", "gfx942:80", "--no-slots")
     assert (2, "target gfx942:80") == (code, out.split(", jit")[0].split("] ")[1])
+
+
+@pytest.mark.parametrize("target", ["gfx950", "banana:x", "gfx950:0"])
+def test_plan_exits_1_when_nothing_could_be_checked(tree, target):
+    """An unknown or malformed target means nothing was checked: exit 1, not "nothing to do"."""
+    code, out = _run(tree, "plan", "--target", target)
+    assert 1 == code
+    assert "nothing is checked" in out

@@ -279,3 +279,38 @@ def test_quarantine_manifest_records_the_moves(stale_tree):
     assert list(manifest["modules"]) == [BPS_CKTILE]
     assert len(manifest["moves"]) == 2
     assert isinstance(plan.Action.HEAL, str)
+
+
+def test_restore_works_after_the_jit_folder_moved(stale_tree, built_modules):
+    """Manifest paths are taken relative to the quarantine: a relocated JIT folder still restores."""
+    qid = monitor.AiterMonitor(stale_tree.settings()).check(heal=True).heals[0].quarantine
+    moved = stale_tree.jit.with_name("jit-moved")
+    stale_tree.jit.rename(moved)
+    heal.restore(moved, qid)
+    assert (moved / f"{BPS_CKTILE}.so").read_bytes() == built_modules["stale_cktile"].read_bytes()
+    assert (moved / "build" / BPS_CKTILE).is_dir()
+    assert not (moved / heal.QUARANTINE_DIR / qid).exists()
+
+
+def test_an_incomplete_quarantine_is_refused_and_kept(stale_tree):
+    """If a quarantined file is gone, restore moves nothing and deletes nothing."""
+    qid = monitor.AiterMonitor(stale_tree.settings()).check(heal=True).heals[0].quarantine
+    qdir = stale_tree.jit / heal.QUARANTINE_DIR / qid
+    shutil.rmtree(qdir / "build")
+    with pytest.raises(heal.HealFailed, match="incomplete"):
+        heal.restore(stale_tree.jit, qid)
+    assert (qdir / f"{BPS_CKTILE}.so").is_file()
+    assert (qdir / heal.MANIFEST).is_file()
+    assert not (stale_tree.jit / f"{BPS_CKTILE}.so").exists()
+
+
+def test_a_manifest_naming_a_file_outside_the_jit_folder_is_refused(stale_tree, tmp_path):
+    """A manifest can never move a file outside the JIT folder."""
+    qid = monitor.AiterMonitor(stale_tree.settings()).check(heal=True).heals[0].quarantine
+    manifest = stale_tree.jit / heal.QUARANTINE_DIR / qid / heal.MANIFEST
+    doc = json.loads(manifest.read_text())
+    doc["moves"][0]["src"] = str(stale_tree.jit / ".." / "elsewhere.so")
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(heal.HealFailed, match="unreadable manifest"):
+        heal.restore(stale_tree.jit, qid)
+    assert not (stale_tree.jit.parent / "elsewhere.so").exists()

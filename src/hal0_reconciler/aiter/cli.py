@@ -88,8 +88,8 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         out.write("\n")
     else:
         _print_report(report, out)
-    if report.errors or report.not_converging:
-        return EXIT_ERROR
+    if report.errors or report.not_converging or not all(p.checked for p in report.plans):
+        return EXIT_ERROR  # an environment that could not be checked is not "nothing to do"
     if report.heal_pending or report.retry_soon:
         return EXIT_PENDING
     return EXIT_OK

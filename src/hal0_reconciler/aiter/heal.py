@@ -175,11 +175,19 @@ def restore(
         raise HealFailed(f"no quarantine {qid!r} in {jit_dir / QUARANTINE_DIR} (known: {known})")
     try:
         manifest = json.loads((qdir / MANIFEST).read_text(encoding="utf-8"))
-        moves = [Move(Path(m["dst"]), Path(m["src"])) for m in manifest["moves"]]
+        recorded_jit = Path(manifest["jit_dir"])
+        relatives = [_inside(Path(m["src"]), recorded_jit) for m in manifest["moves"]]
         modules = tuple(manifest.get("modules", {}))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise HealFailed(f"quarantine {qid}: unreadable manifest: {exc}") from None
-    moves = [m for m in moves if m.src.exists() or m.src.is_symlink()]
+    # paths are taken relative to the quarantine and the JIT folder as they are now, so a JIT
+    # folder that moved still restores, and a manifest can never name a file outside them
+    moves = [Move(qdir / rel, jit_dir / rel) for rel in relatives]
+    missing = [str(m.src) for m in moves if not (m.src.exists() or m.src.is_symlink())]
+    if missing:
+        raise HealFailed(
+            f"quarantine {qid} is incomplete (missing: {', '.join(missing)}); nothing was moved"
+        )
     displaced: Quarantine | None = None
     occupied = [m.dst for m in moves if m.dst.exists() or m.dst.is_symlink()]
     if occupied:
@@ -206,8 +214,27 @@ def restore(
             _move_all([Move(m.dst, m.src) for m in displaced.moves])
             shutil.rmtree(displaced.path, ignore_errors=True)
         raise
-    shutil.rmtree(qdir, ignore_errors=True)
+    _remove_emptied(qdir)
     return Quarantine(qid, qdir, tuple(moves), modules), displaced
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """``path`` relative to ``root``; refuses anything that would leave it."""
+    rel = path.relative_to(root)  # ValueError when outside
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ValueError(f"{path} is not inside {root}")
+    return rel
+
+
+def _remove_emptied(qdir: Path) -> None:
+    """Remove a restored quarantine: its manifest and the folders left empty, nothing else."""
+    with contextlib.suppress(FileNotFoundError):
+        (qdir / MANIFEST).unlink()
+    for folder in sorted((p for p in qdir.rglob("*") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        qdir.rmdir()
 
 
 def list_quarantines(jit_dir: Path) -> list[Path]:

@@ -98,6 +98,7 @@ class EnvPlan:
     sources: tuple[TableSource, ...]
     modules: tuple[ModulePlan, ...]
     problems: tuple[str, ...] = ()
+    checked: bool = True  # False: the target is unknown, so nothing was checked or healed
 
     @property
     def heal_pending(self) -> bool:

@@ -159,7 +159,15 @@ class Surveyor:
         if choice.error is not None or not choice.targets:
             problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
             return plan.EnvPlan(
-                label, environment.name, jit, str(choice), resolutions, (), (), tuple(problems)
+                label,
+                environment.name,
+                jit,
+                str(choice),
+                resolutions,
+                (),
+                (),
+                tuple(problems),
+                checked=False,
             )
         sources: list[plan.TableSource] = []
         for res in resolutions:

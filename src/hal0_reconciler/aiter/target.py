@@ -45,11 +45,11 @@ def read_kfd(nodes_dir: Path) -> tuple[frozenset[Target], str | None]:
         props: dict[str, int] = {}
         for line in text.splitlines():
             key, _, value = line.partition(" ")
-            if value.strip().lstrip("-").isdigit():
+            if value.strip().isdigit():  # KFD values are counts: a sign means a broken file
                 props[key] = int(value)
         version = props.get("gfx_target_version", 0)
         simd, per_cu = props.get("simd_count", 0), props.get("simd_per_cu", 0)
-        if version and simd and per_cu:
+        if version and simd and per_cu and simd >= per_cu:
             found.add(Target(gfx_name(version), simd // per_cu))
     if not found:
         return frozenset(), f"no GPU node in {nodes_dir}"
@@ -67,6 +67,8 @@ def choose_target(
             return TargetChoice(
                 frozenset(), "setting", f"target {setting!r} is not 'auto' or 'gfxNNN:CUs'"
             )
+        if int(match[2]) == 0:
+            return TargetChoice(frozenset(), "setting", f"target {setting!r} has no compute units")
         return TargetChoice(frozenset({Target(match[1], int(match[2]))}), "setting")
     gpus, kfd_error = kfd
     archs = [a.strip().lower() for a in re.split(r"[;,\s]+", env.get("GPU_ARCHS", "")) if a.strip()]
