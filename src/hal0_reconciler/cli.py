@@ -20,6 +20,7 @@ import structlog
 from hal0_reconciler import __version__, _log, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
+from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
@@ -72,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    verbs.add_parser("once", parents=[common], help="one reconcile pass, then exit")
+    once = verbs.add_parser("once", parents=[common], help="one reconcile pass, then exit")
+    once.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="do not restart active slots whose label changed (they keep serving on the old lane)",
+    )
     plan = verbs.add_parser("plan", parents=[common], help="dry run: what would change and why")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     amd = plan.add_mutually_exclusive_group()
@@ -117,7 +123,7 @@ def _dispatch(
 ) -> int:
     verb: str = args.verb
     if verb == "once":
-        return _once(current)
+        return _once(current, restart=not args.no_restart)
     if verb == "plan":
         return _plan(current, args)
     if verb == "probe":
@@ -161,7 +167,7 @@ def _require_slots_dir(current: settings.Settings) -> None:
         raise SettingsError(f"slots directory {folder} cannot be read")
 
 
-def _once(current: settings.Settings) -> int:
+def _once(current: settings.Settings, *, restart: bool) -> int:
     _require_slots_dir(current)
     facts = host_facts.gather(current)
     if facts.amd and facts.lane is LaneState.UNKNOWN:
@@ -170,6 +176,19 @@ def _once(current: settings.Settings) -> int:
         )
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts)
+    for outcome in report.relabeled:  # an active slot keeps its old devices until restarted
+        if outcome.name is None or outcome.token is None:
+            continue
+        request = units.RestartRequest(name=outcome.name, token=outcome.token)
+        if restart:
+            units.apply_change(current, request)
+        elif units.is_active(current, outcome.token):
+            _cli_log.warning(
+                "unit.needs_reload",
+                slot=outcome.name,
+                unit=units.unit_name(outcome.token),
+                action="restart the slot in hal0 to apply its new device",
+            )
     return EXIT_ERROR if report.failed else EXIT_OK
 
 

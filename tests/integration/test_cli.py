@@ -202,3 +202,29 @@ def test_a_wrong_slots_folder_is_an_error_not_no_changes(
     """A typo in the slots folder exits 1 with one line, instead of reporting nothing to do."""
     result = cli(verb, *flag)
     assert (1, f"hal0-reconciler: {message}\n") == (result.returncode, result.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
+def test_once_restarts_the_active_slots_it_relabelled(
+    seeded_slots: Path, host_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`once` applies a relabel like the daemon: hal0's API restarts the active slot, only that one."""
+    from helpers.fake_systemctl import FakeSystemctl
+    from helpers.hal0_api_server import Hal0Api
+
+    make_usable_lane(host_dirs)
+    systemctl = FakeSystemctl(tmp_path / "bin", {"hal0-slot@coder.service": "active"})
+    with Hal0Api() as api:
+        result = cli(
+            "once",
+            *host_args(host_dirs),
+            "--set",
+            f"systemctl={systemctl.path}",
+            "--set",
+            f"api_url={api.url}",
+            "--set",
+            f"api_env_file={tmp_path / 'none.env'}",
+        )
+    assert 0 == result.returncode, result.stderr
+    assert [("POST", "/api/slots/coder/restart", None)] == api.requests
+    assert "unit.restarted" in result.stderr
