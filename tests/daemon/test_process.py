@@ -13,6 +13,7 @@ from typing import Any
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import status
 from helpers.daemon_host import Host, device_of, drop_slot, wait_until
+from helpers.lock_holder import holding_lock
 from helpers.notify_socket import NotifySocket
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,12 +126,6 @@ def test_sighup_applies_a_changed_log_level_and_format(host: Host, tmp_path: Pat
     assert 1 == sum("daemon.logging_changed" in line for line in lines)
 
 
-HOLD_LOCK = (
-    "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
-    "fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(30)"
-)
-
-
 def _has_open(pid: int, path: Path) -> bool:
     """Whether process ``pid`` holds ``path`` open (the worker opens the lock file to wait)."""
     target = os.path.realpath(path)
@@ -154,12 +149,8 @@ def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_pat
     with (
         NotifySocket() as sock,
         err.open("wb") as sink,
-        subprocess.Popen(
-            [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE
-        ) as holder,
+        holding_lock(lock),
     ):
-        assert holder.stdout is not None
-        assert b"locked\n" == holder.stdout.readline()
         child = _start(host, sock, "--set", "lock_timeout=60", stderr=sink)
         try:
             sock.wait_for("READY=1", timeout=30)
@@ -171,7 +162,6 @@ def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_pat
             returncode = child.wait(timeout=15)
             elapsed = time.monotonic() - started
         finally:
-            holder.kill()
             if child.poll() is None:
                 child.kill()
                 child.wait(5)

@@ -31,26 +31,11 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def host_args(host_dirs: dict[str, Path]) -> list[str]:
-    return [
-        "--slots-dir",
-        str(host_dirs["slots_dir"]),
-        "--state-dir",
-        str(host_dirs["state_dir"]),
-        "--runtime-dir",
-        str(host_dirs["runtime_dir"]),
-        "--profiles-file",
-        str(host_dirs["profiles_file"]),
-        "--amdgpu-module-dir",
-        str(host_dirs["amdgpu_module_dir"]),
-        "--kfd-path",
-        str(host_dirs["kfd_path"]),
-        "--dri-dir",
-        str(host_dirs["dri_dir"]),
-        "--user",
-        "54321:54321",
-        "--log-format",
-        "json",
+    """Every host path as its command-line flag (the keys are the settings' names)."""
+    flags = [
+        arg for key, path in host_dirs.items() for arg in (f"--{key.replace('_', '-')}", str(path))
     ]
+    return [*flags, "--user", "54321:54321", "--log-format", "json"]
 
 
 def make_usable_lane(host_dirs: dict[str, Path]) -> None:

@@ -19,6 +19,7 @@ from hal0_reconciler.model import FailureKind, HostFacts, LaneState, NodeFailure
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
 from hal0_reconciler.state import DemotionLedger
 from helpers.hosts import NOT_AMD, ROCM_UNSETTLED, ROCM_UNUSABLE, ROCM_USABLE, shared_path
+from helpers.lock_holder import holding_lock
 
 RELABELLED = {"agent", "coder", "embed", "rerank", "nested", "legacy", "crlf"}
 UNTOUCHED = {"img", "npu", "tts", "voice", "validated", "0042"}
@@ -225,19 +226,10 @@ def test_lock_timeout_is_a_write_failure_and_loses_nothing(
 ) -> None:
     """When the lock is never released in time, the file is untouched and the failure logged."""
     settings = make_settings(lock_timeout=0.3)
-    hold = "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(10)"
     coder = seeded_slots / "coder.toml"
     before = coder.read_bytes()
-    with subprocess.Popen(
-        [sys.executable, "-c", hold, str(settings.effective_lock_file)], stdout=subprocess.PIPE
-    ) as holder:
-        assert holder.stdout is not None
-        holder.stdout.readline()
-        try:
-            with structlog.testing.capture_logs() as logs:
-                report = Reconciler(settings).reconcile(ROCM_USABLE, [coder])
-        finally:
-            holder.kill()
+    with holding_lock(settings.effective_lock_file), structlog.testing.capture_logs() as logs:
+        report = Reconciler(settings).reconcile(ROCM_USABLE, [coder])
     assert before == coder.read_bytes()
     assert [OutcomeStatus.WRITE_FAILED] == [o.status for o in report.outcomes]
     assert ["slot.write_failed"] == [e["event"] for e in logs]
@@ -337,22 +329,14 @@ def test_new_settings_keep_the_memory_of_reported_problems(
 def test_a_stopping_daemon_stops_waiting_for_the_lock(seeded_slots: Path, make_settings) -> None:
     """A lock wait ends as soon as the daemon is told to stop; the file is left as it was."""
     settings = make_settings(lock_timeout=20.0)
-    hold = "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); fcntl.flock(fd,fcntl.LOCK_EX); print('locked',flush=True); time.sleep(20)"
     coder = seeded_slots / "coder.toml"
     before = coder.read_bytes()
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
-    with subprocess.Popen(
-        [sys.executable, "-c", hold, str(settings.effective_lock_file)], stdout=subprocess.PIPE
-    ) as holder:
-        assert holder.stdout is not None
-        holder.stdout.readline()
-        try:
-            started = time.monotonic()
-            report = Reconciler(settings, cancelled=stop.is_set).reconcile(ROCM_USABLE, [coder])
-            waited = time.monotonic() - started
-        finally:
-            holder.kill()
+    with holding_lock(settings.effective_lock_file):
+        started = time.monotonic()
+        report = Reconciler(settings, cancelled=stop.is_set).reconcile(ROCM_USABLE, [coder])
+        waited = time.monotonic() - started
     assert [OutcomeStatus.WRITE_FAILED] == [o.status for o in report.outcomes]
     assert waited < 10
     assert before == coder.read_bytes()

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -16,6 +13,7 @@ import pytest
 from hal0_reconciler import fsio
 from hal0_reconciler.errors import LockTimeout, WriteRefused
 from hal0_reconciler.slots import store
+from helpers.lock_holder import holding_lock
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another owner needs root")
 
@@ -134,30 +132,12 @@ def test_stale_temps_from_a_crash_are_removed(tmp_path: Path) -> None:
     assert [".a.toml.1234.tmp"] == sorted(p.name for p in tmp_path.iterdir())
 
 
-HOLD_LOCK = textwrap.dedent(
-    """
-    import fcntl, os, sys, time
-    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o664)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    print("locked", flush=True)
-    time.sleep(float(sys.argv[2]))
-    if len(sys.argv) > 3:  # say so just before the lock goes (at exit)
-        open(sys.argv[3], "w").close()
-    """
-)
-
-
 @pytest.mark.timeout(20)
 def test_lock_waits_for_another_process(tmp_path: Path) -> None:
     """The write lock is hal0's flock: while another process holds it, we wait."""
     lock = tmp_path / "slots.lock"
     releasing = tmp_path / "releasing"
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(lock), "0.6", str(releasing)],
-        stdout=subprocess.PIPE,
-    ) as holder:
-        assert holder.stdout is not None
-        assert b"locked\n" == holder.stdout.readline()
+    with holding_lock(lock, seconds=0.6, releasing=releasing) as holder:
         with store.slot_write_lock(lock, timeout=10):
             got_it_after_release = releasing.exists()
         holder.wait(timeout=10)
@@ -168,19 +148,12 @@ def test_lock_waits_for_another_process(tmp_path: Path) -> None:
 def test_lock_wait_is_bounded(tmp_path: Path) -> None:
     """When the lock is held too long, LockTimeout names the lock file."""
     lock = tmp_path / "slots.lock"
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(lock), "5"], stdout=subprocess.PIPE
-    ) as holder:
-        assert holder.stdout is not None
-        holder.stdout.readline()
-        try:
-            with (
-                pytest.raises(LockTimeout, match=r"slots\.lock"),
-                store.slot_write_lock(lock, timeout=0.3),
-            ):
-                pass
-        finally:
-            holder.kill()
+    with (
+        holding_lock(lock),
+        pytest.raises(LockTimeout, match=r"slots\.lock"),
+        store.slot_write_lock(lock, timeout=0.3),
+    ):
+        pass
 
 
 @needs_root

@@ -8,7 +8,6 @@ import pytest
 
 from hal0_reconciler.model import (
     Action,
-    DeviceSource,
     HostFacts,
     LaneState,
     Reason,
@@ -17,6 +16,7 @@ from hal0_reconciler.model import (
 )
 from hal0_reconciler.slots import policy
 from hal0_reconciler.slots.document import SlotDoc
+from helpers.slotdocs import slot_doc
 
 VALIDATED = frozenset({"ghcr.io/hal0ai/hal0-combined:0822"})
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
@@ -27,20 +27,7 @@ NOT_AMD = HostFacts(amd=False, lane=LaneState.UNUSABLE)
 
 
 def slot(device: str = "gpu-vulkan") -> SlotDoc:
-    return SlotDoc(
-        data={},
-        table=(),
-        name="s",
-        id=None,
-        type="llm",
-        device=device,
-        device_source=DeviceSource.DEVICE,
-        raw_device=device,
-        backend=None,
-        profile=None,
-        provider=None,
-        image=None,
-    )
+    return slot_doc(device=device)
 
 
 def decide(

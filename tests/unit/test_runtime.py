@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hal0_reconciler.model import Catalog, DeviceSource, ProfileInfo, Runtime
+from hal0_reconciler.model import Catalog, ProfileInfo, Runtime
 from hal0_reconciler.slots import runtime
 from hal0_reconciler.slots.document import SlotDoc
+from helpers.slotdocs import slot_doc
 
 CATALOG = runtime.catalog_from_profiles(
     {
@@ -22,28 +23,7 @@ CATALOG = runtime.catalog_from_profiles(
 )
 
 
-def slot(
-    *,
-    kind: str | None = "llm",
-    device: str = "gpu-vulkan",
-    profile: str | None = None,
-    provider: str | None = None,
-    image: str | None = None,
-) -> SlotDoc:
-    return SlotDoc(
-        data={},
-        table=(),
-        name="s",
-        id=None,
-        type=kind,
-        device=device,
-        device_source=DeviceSource.DEVICE,
-        raw_device=device,
-        backend=None,
-        profile=profile,
-        provider=provider,
-        image=image,
-    )
+slot = slot_doc
 
 
 ROWS = {
