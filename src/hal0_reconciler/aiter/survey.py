@@ -156,23 +156,48 @@ class Surveyor:
             for route in rules.tables
         )
         problems = [p for r in resolutions for p in r.problems]
-        if choice.error is not None or not choice.targets:
-            problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
-            return plan.EnvPlan(
-                label,
-                environment.name,
-                jit,
-                str(choice),
-                resolutions,
-                (),
-                (),
-                tuple(problems),
-                checked=False,
-            )
+        checked = choice.error is None and bool(choice.targets)
         sources: list[plan.TableSource] = []
-        for res in resolutions:
-            if res.route.compiled:
-                sources.extend(self._table(f, res.route, choice.targets, used) for f in res.loaded)
+        modules: list[plan.ModulePlan] = []
+        if checked:
+            for res in resolutions:
+                if res.route.compiled:
+                    sources.extend(
+                        self._table(f, res.route, choice.targets, used) for f in res.loaded
+                    )
+            modules = self._module_plans(
+                jit,
+                sources,
+                rules=rules,
+                memory=memory,
+                target_label=str(choice),
+                modules_seen=modules_seen,
+            )
+        else:
+            problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
+        return plan.EnvPlan(
+            label,
+            environment.name,
+            jit,
+            str(choice),
+            resolutions,
+            tuple(sources),
+            tuple(modules),
+            tuple(problems),
+            checked=checked,
+        )
+
+    def _module_plans(
+        self,
+        jit: Path,
+        sources: list[plan.TableSource],
+        *,
+        rules: routing.Routing,
+        memory: dict[str, plan.MemoryEntry],
+        target_label: str,
+        modules_seen: list[Path],
+    ) -> list[plan.ModulePlan]:
+        """The verdict for every module the tables need, from what each ``.so`` registered."""
         needs = plan.needed_names(sources)
         modules: list[plan.ModulePlan] = []
         for module in sorted(needs):
@@ -187,28 +212,18 @@ class Surveyor:
                 )
             except OSError as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
-            keyed = rules.by_module(module)[0].keyed
             modules.append(
                 plan.decide(
                     module,
-                    keyed=keyed,
+                    keyed=rules.by_module(module)[0].keyed,
                     needs=needs[module],
                     facts=facts,
-                    digest=plan.module_digest(module, sources, str(choice)),
+                    digest=plan.module_digest(module, sources, target_label),
                     memory=memory.get(str(so)),
                     heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
                 )
             )
-        return plan.EnvPlan(
-            label,
-            environment.name,
-            jit,
-            str(choice),
-            resolutions,
-            tuple(sources),
-            tuple(modules),
-            tuple(problems),
-        )
+        return modules
 
     def _table(
         self,

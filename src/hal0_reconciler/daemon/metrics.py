@@ -45,36 +45,63 @@ def _labelled(name: str, label: str, values: Mapping[str, int]) -> list[str]:
     return [f'{_PREFIX}_{name}{{{label}="{_escape(key)}"}} {values[key]}' for key in sorted(values)]
 
 
+def _scalar(name: str, kind: str, help_text: str, value: str) -> list[str]:
+    return [*_family(name, kind, help_text), f"{_PREFIX}_{name} {value}"]
+
+
 def render(m: Metrics) -> str:
     """The whole exposition, one family after another, ending with a newline."""
-    lines: list[str] = []
-    lines += _family("passes_total", "counter", "Reconcile passes since the daemon started.")
-    lines.append(f"{_PREFIX}_passes_total {m.passes}")
+    lines = _scalar(
+        "passes_total", "counter", "Reconcile passes since the daemon started.", f"{m.passes}"
+    )
     lines += _family("relabels_total", "counter", "Slot files relabelled, by new device.")
     lines += _labelled("relabels_total", "target", m.relabels)
     lines += _family("restarts_total", "counter", "Slot restart requests, by result.")
     lines += _labelled("restarts_total", "result", m.restarts)
-    lines += _family("unreadable_files", "gauge", "Slot files that could not be read or parsed.")
-    lines.append(f"{_PREFIX}_unreadable_files {m.unreadable_files}")
-    lines += _family("slots", "gauge", "Slot files seen by the last full pass.")
-    lines.append(f"{_PREFIX}_slots {m.slots}")
-    lines += _family("hands_off_slots", "gauge", "Slots left alone after a fight.")
-    lines.append(f"{_PREFIX}_hands_off_slots {m.hands_off}")
-    lines += _family("pass_duration_seconds", "gauge", "Duration of the last pass.")
-    lines.append(f"{_PREFIX}_pass_duration_seconds {m.pass_duration:.6f}")
-    lines += _family("last_pass_timestamp_seconds", "gauge", "Unix time the last pass finished.")
-    lines.append(f"{_PREFIX}_last_pass_timestamp_seconds {m.last_pass_timestamp:.3f}")
-    lines += _family("rocm_lane_usable", "gauge", "1 when the service user can use the ROCm lane.")
-    lines.append(f"{_PREFIX}_rocm_lane_usable {int(m.rocm_lane_usable)}")
+    lines += _scalar(
+        "unreadable_files",
+        "gauge",
+        "Slot files that could not be read or parsed.",
+        f"{m.unreadable_files}",
+    )
+    lines += _scalar("slots", "gauge", "Slot files seen by the last full pass.", f"{m.slots}")
+    lines += _scalar(
+        "hands_off_slots", "gauge", "Slots left alone after a fight.", f"{m.hands_off}"
+    )
+    lines += _scalar(
+        "pass_duration_seconds", "gauge", "Duration of the last pass.", f"{m.pass_duration:.6f}"
+    )
+    lines += _scalar(
+        "last_pass_timestamp_seconds",
+        "gauge",
+        "Unix time the last pass finished.",
+        f"{m.last_pass_timestamp:.3f}",
+    )
+    lines += _scalar(
+        "rocm_lane_usable",
+        "gauge",
+        "1 when the service user can use the ROCm lane.",
+        f"{int(m.rocm_lane_usable)}",
+    )
     if m.aiter_enabled:
-        lines += _family(
-            "aiter_modules_uncovered", "gauge", "aiter modules missing kernels their tables name."
+        lines += _scalar(
+            "aiter_modules_uncovered",
+            "gauge",
+            "aiter modules missing kernels their tables name.",
+            f"{m.aiter_modules_uncovered}",
         )
-        lines.append(f"{_PREFIX}_aiter_modules_uncovered {m.aiter_modules_uncovered}")
-        lines += _family("aiter_heals_total", "counter", "aiter modules quarantined (healed).")
-        lines.append(f"{_PREFIX}_aiter_heals_total {m.aiter_heals}")
-        lines += _family("aiter_check_failures_total", "counter", "aiter checks that raised.")
-        lines.append(f"{_PREFIX}_aiter_check_failures_total {m.aiter_check_failures}")
+        lines += _scalar(
+            "aiter_heals_total",
+            "counter",
+            "aiter modules quarantined (healed).",
+            f"{m.aiter_heals}",
+        )
+        lines += _scalar(
+            "aiter_check_failures_total",
+            "counter",
+            "aiter checks that raised.",
+            f"{m.aiter_check_failures}",
+        )
     return "\n".join(lines) + "\n"
 
 
