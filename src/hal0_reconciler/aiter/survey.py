@@ -7,13 +7,14 @@ module registries (through the cache), the KFD topology. Decisions are ``plan.de
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from hal0_reconciler.aiter import plan, registry, resolve, routing, tables, target
+from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
+from hal0_reconciler.slots import document, store
 
 _FileKey = tuple[str, tuple[int, int, int, int]]
 
@@ -93,16 +94,17 @@ class Surveyor:
         return self._kfd
 
     def slot_envs(self) -> list[SlotEnv]:
-        """``[server].env`` of every ``*.toml`` slot file; unreadable ones carry their error."""
+        """``[server].env`` of every slot file; unreadable ones carry their error.
+
+        Slot files are listed and read the way the slot engine does (``slots.store``: no
+        symlink followed, no FIFO opened) and parsed by ``slots.document``; a file is parsed
+        again only when its identity changed.
+        """
         found: list[SlotEnv] = []
         fresh: dict[_FileKey, SlotEnv] = {}
-        try:
-            paths = sorted(self.settings.slots_dir.glob("*.toml"))
-        except OSError:
-            paths = []
-        for path in paths:
+        for path in store.list_slot_paths(self.settings.slots_dir):
             try:
-                key = (str(path), registry.identity_of(path.stat()))
+                key = (str(path), registry.identity_of(path.lstat()))
             except OSError:
                 continue
             slot = self._slots.get(key) or _read_slot(path)
@@ -258,11 +260,7 @@ class Surveyor:
 def _read_slot(path: Path) -> SlotEnv:
     name = path.stem
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        text = store.read_slot(path).data.decode("utf-8")
+        return SlotEnv(name, dict(document.parse_slot(text, stem=name).server_env))
+    except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
         return SlotEnv(name, None, str(exc))
-    server = doc.get("server", {})
-    env = server.get("env", {}) if isinstance(server, dict) else {}
-    if not isinstance(env, dict):
-        return SlotEnv(name, None, "[server].env is not a table")
-    return SlotEnv(name, {str(k): str(v) for k, v in env.items()})
