@@ -9,12 +9,26 @@ is removed on any error; a crash can leave one behind, named with TEMP_MARKER so
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 TEMP_MARKER = ".hal0-reconciler."
 TEMP_SUFFIX = ".tmp"
+
+
+def identity_of(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime_ns): when it is unchanged, the file's bytes are too."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def write_json(path: Path, payload: object, *, mode: int = 0o644, **dumps: Any) -> None:
+    """``write_atomically`` for a JSON document (``dumps``: json.dumps options), making its
+    folder when needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(payload, **dumps).encode("utf-8"), mode=mode)
 
 
 def temp_path_for(path: Path) -> Path:

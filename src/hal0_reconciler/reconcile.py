@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from hal0_reconciler import fsio
 from hal0_reconciler.errors import (
     EditRefused,
     LockTimeout,
@@ -70,11 +71,11 @@ class PassReport:
         return tuple(o for o in self.outcomes if o.status is OutcomeStatus.WRITE_FAILED)
 
 
+_UNREAD = object()  # the profiles file has not been read yet
+
+
 def slot_key(path: Path) -> SlotKey:
     return SlotKey(str(path.absolute()))
-
-
-is_slot_file_name = store.is_slot_file_name
 
 
 class Reconciler:
@@ -97,8 +98,9 @@ class Reconciler:
         """Take new settings (SIGHUP), keeping the memory of what was already reported."""
         self._settings = settings
         self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
-        self._catalog_identity: tuple[int, int, int] | None = None
-        self._catalog: Catalog = store.read_catalog(settings.profiles_file)
+        # read at the next pass (by _refresh_catalog), not here as well
+        self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
+        self._catalog: Catalog = Catalog()
 
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
@@ -223,10 +225,11 @@ class Reconciler:
 
     def _refresh_catalog(self, *, quiet: bool) -> None:
         try:
-            st = self._settings.profiles_file.stat()
-            identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+            identity: tuple[int, int, int, int] | None = fsio.identity_of(
+                self._settings.profiles_file.stat()
+            )
         except OSError:
-            identity = None
+            identity = None  # absent: the built-in profiles
         if identity != self._catalog_identity:
             self._catalog_identity = identity
             self._catalog = store.read_catalog(self._settings.profiles_file)

@@ -62,8 +62,7 @@ class DemotionLedger:
             return
         payload = {k: {"slot": d.slot, "old": d.old, "at": d.at} for k, d in self._entries.items()}
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            fsio.write_atomically(self._path, json.dumps(payload, indent=1).encode(), mode=0o644)
+            fsio.write_json(self._path, payload, indent=1)
         except OSError as exc:
             if not self._write_failed:
                 _log.warning("state.write_failed", path=str(self._path), error=str(exc))

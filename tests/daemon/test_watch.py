@@ -14,9 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 from watchdog.observers import Observer
 
-from hal0_reconciler import reconcile
 from hal0_reconciler.daemon.watch import Trigger, Watcher
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
+from hal0_reconciler.slots import store
 from helpers.daemon_host import wait_until
 
 
@@ -41,7 +41,7 @@ def _watcher(tree: Path, keys: Keys, **kwargs) -> Watcher:  # type: ignore[no-un
         dev_dir=tree / "dev",
         kfd_name="kfd",
         dri_dir=tree / "dev/dri",
-        is_slot_name=reconcile.is_slot_file_name,
+        is_slot_name=store.is_slot_file_name,
         enqueue=keys.add,
         wake=lambda: None,
         **kwargs,

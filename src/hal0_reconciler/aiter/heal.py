@@ -260,7 +260,7 @@ def _execute(
 ) -> Quarantine:
     try:
         qdir.mkdir(parents=True)
-        _write_json(qdir / MANIFEST, manifest)
+        fsio.write_json(qdir / MANIFEST, manifest, indent=1)
     except OSError as exc:
         shutil.rmtree(qdir, ignore_errors=True)
         raise HealFailed(f"cannot create quarantine {qdir}: {exc}; nothing was moved") from None
@@ -336,7 +336,7 @@ def load_memory(path: Path) -> dict[str, plan.MemoryEntry]:
 
 def save_memory(path: Path, memory: Mapping[str, plan.MemoryEntry]) -> None:
     """Write the heal memory atomically. Raises OSError."""
-    _write_json(
+    fsio.write_json(
         path,
         {
             k: {
@@ -347,9 +347,5 @@ def save_memory(path: Path, memory: Mapping[str, plan.MemoryEntry]) -> None:
             }
             for k, e in sorted(memory.items())
         },
+        indent=1,
     )
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fsio.write_atomically(path, json.dumps(payload, indent=1).encode("utf-8"))

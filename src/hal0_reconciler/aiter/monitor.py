@@ -36,7 +36,6 @@ class MonitorReport:
     plans: tuple[plan.EnvPlan, ...]
     heals: tuple[HealResult, ...] = ()
     errors: tuple[str, ...] = ()
-    changed: bool = False  # some verdict differs from the previous check
 
     @property
     def heal_pending(self) -> bool:
@@ -107,8 +106,8 @@ class AiterMonitor:
             self.surveyor.registry.save()
         except OSError as exc:
             log.warning("aiter.registry_cache_unwritable", error=str(exc))
-        changed = self._report(plans)
-        return MonitorReport(tuple(plans), tuple(heals), tuple(errors), changed)
+        self._report(plans)
+        return MonitorReport(tuple(plans), tuple(heals), tuple(errors))
 
     def restore(self, qid: str) -> tuple[heal.Quarantine, heal.Quarantine | None]:
         """Put quarantine ``qid`` back in whichever JIT folder holds it; the modules are then held
@@ -211,8 +210,8 @@ class AiterMonitor:
             )
         return results
 
-    def _report(self, plans: list[plan.EnvPlan]) -> bool:
-        """Log each finding once, when it first appears; returns whether anything changed."""
+    def _report(self, plans: list[plan.EnvPlan]) -> None:
+        """Log each finding once, when it first appears."""
         current: set[_Fingerprint] = set()
         uncovered: set[str] = set()
 
@@ -277,10 +276,8 @@ class AiterMonitor:
                     log.info(
                         "aiter.module_covered", **where, module=mod.module, status=str(mod.status)
                     )
-        changed = current != self._last
         self._last = current
         self._uncovered = uncovered
-        return changed
 
 
 def _sample(mod: plan.ModulePlan, limit: int = 3) -> list[str]:

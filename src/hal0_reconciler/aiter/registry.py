@@ -42,13 +42,6 @@ class ModuleScan:
     registered: dict[str, bool]
     read: bool  # the file was read for this answer (False: from the cache)
 
-    def missing(self, names: Iterable[str]) -> tuple[str, ...]:
-        return tuple(sorted(n for n in set(names) if not self.registered.get(n, False)))
-
-
-def identity_of(st: os.stat_result) -> Identity:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
 
 def registered_in(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bool]:
     """The NUL-terminated exact-suffix rule for each name over ``data`` (one pass)."""
@@ -97,7 +90,7 @@ class Registry:
             st = path.stat()
         except FileNotFoundError:
             return None
-        ident = identity_of(st)
+        ident = fsio.identity_of(st)
         key = str(path)
         cached = self._entries.get(key)
         known: dict[str, bool] = (
@@ -113,8 +106,8 @@ class Registry:
             else:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                     answer = registered_in(mm, unknown)
-            after = identity_of(os.fstat(fh.fileno()))
-        if after == ident and identity_of(path.stat()) == ident:
+            after = fsio.identity_of(os.fstat(fh.fileno()))
+        if after == ident and fsio.identity_of(path.stat()) == ident:
             known.update(answer)
             self._entries[key] = (ident, known)
             self._dirty = True
@@ -140,9 +133,7 @@ class Registry:
                 for k, (ident, names) in sorted(self._entries.items())
             },
         }
-        self._file.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(payload, separators=(",", ":")).encode("utf-8")
-        fsio.write_atomically(self._file, data)
+        fsio.write_json(self._file, payload, separators=(",", ":"))
         self._dirty = False
 
     def _load(self, cache_file: Path) -> None:

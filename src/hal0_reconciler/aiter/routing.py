@@ -66,10 +66,6 @@ class Routing:
     def by_module(self, module: str) -> tuple[TableRoute, ...]:
         return tuple(t for t in self.tables if module in t.modules.values())
 
-    @property
-    def module_names(self) -> frozenset[str]:
-        return frozenset(m for t in self.tables for m in t.modules.values())
-
 
 def parse_routing(text: str, *, version: str = "") -> Routing:
     """The routing for ``version`` (empty: the data's ``default``). Raises RoutingError."""

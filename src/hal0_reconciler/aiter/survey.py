@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from hal0_reconciler import fsio
 from hal0_reconciler.aiter import plan, registry, resolve, routing, tables, target
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
@@ -104,7 +105,7 @@ class Surveyor:
         fresh: dict[_FileKey, SlotEnv] = {}
         for path in store.list_slot_paths(self.settings.slots_dir):
             try:
-                key = (str(path), registry.identity_of(path.lstat()))
+                key = (str(path), fsio.identity_of(path.lstat()))
             except OSError:
                 continue
             slot = self._slots.get(key) or _read_slot(path)
@@ -236,7 +237,7 @@ class Surveyor:
     ) -> plan.TableSource:
         path = Path(file.path)
         try:
-            key = ((str(path), registry.identity_of(path.stat())), route.stem, targets)
+            key = ((str(path), fsio.identity_of(path.stat())), route.stem, targets)
         except OSError as exc:
             return plan.TableSource(file, route, error=exc.strerror or str(exc))
         cached = used.get(key) or self._tables.get(key)

@@ -35,12 +35,10 @@ class FightDetector:
         self._limit = limit
         self._window = window
 
-    def tracked(self, key: SlotKey) -> bool:
-        """True when ``key`` has recent relabels (its content is worth fingerprinting)."""
-        return key in self._records or key in self._hands_off
-
     def tracked_keys(self) -> frozenset[SlotKey]:
-        return frozenset(self._records) | frozenset(self._hands_off)
+        """Slots with recent relabels: their content is worth fingerprinting before a pass
+        (a hands-off slot is never relabelled, so its fingerprint would go unused)."""
+        return frozenset(self._records)
 
     @property
     def hands_off(self) -> frozenset[SlotKey]:
@@ -99,10 +97,6 @@ class LaneTracker:
 
     def tune(self, *, grace: float) -> None:
         self._grace = grace
-
-    @property
-    def effective(self) -> LaneState | None:
-        return self._effective
 
     def observe(self, raw: HostFacts) -> LaneView:
         now = self._clock.monotonic()

@@ -31,6 +31,7 @@ from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import units
 from hal0_reconciler.settings import Settings
+from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
 
 log = structlog.get_logger("hal0_reconciler.daemon")
@@ -163,7 +164,7 @@ class Runner:
             dev_dir=settings.kfd_path.parent.absolute() if settings.watch_dev else None,
             kfd_name=settings.kfd_path.name,
             dri_dir=settings.dri_dir.absolute() if settings.watch_dev else None,
-            is_slot_name=reconcile.is_slot_file_name,
+            is_slot_name=store.is_slot_file_name,
             enqueue=self._queue.add_many,
             wake=self._waker.wake,
             aiter_dirs=self._aiter.watch_paths(),

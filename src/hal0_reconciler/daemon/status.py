@@ -47,8 +47,7 @@ def process_start_time(pid: int) -> float | None:
 
 def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
     """Replace status.json atomically (mode 0644: operators read it without root)."""
-    data = json.dumps(snapshot, indent=1, sort_keys=True, default=str).encode("utf-8")
-    fsio.write_atomically(status_path(settings), data, mode=0o644)
+    fsio.write_json(status_path(settings), snapshot, indent=1, sort_keys=True, default=str)
 
 
 def _alive(snapshot: dict[str, Any]) -> bool:

@@ -127,7 +127,6 @@ class WatchHealth:
     mode: str  # "inotify" or "polling"
     watched: tuple[str, ...]
     failures: dict[str, str] = field(default_factory=dict)
-    observer_alive: bool = True
 
 
 class Watcher(lifecycle.StartStop):
@@ -167,7 +166,6 @@ class Watcher(lifecycle.StartStop):
             self._watches.append(_Watch(dev_dir, _Handler(self._dev_keys, self._enqueue)))
         if dri_dir is not None:
             self._watches.append(_Watch(dri_dir, _Handler(self._dri_keys, self._enqueue)))
-        self._reported: dict[str, str] = {}
         self._aiter_dirs: tuple[Path, ...] = ()
         self._aiter_handler = _Handler(self._aiter_keys, self._enqueue)
         self.set_aiter_dirs(aiter_dirs)
@@ -282,10 +280,6 @@ class Watcher(lifecycle.StartStop):
         self._watches = keep
         self._schedule_missing(retry_failures=True)
 
-    @property
-    def aiter_dirs(self) -> tuple[Path, ...]:
-        return self._aiter_dirs
-
     # -- the main loop's look -------------------------------------------------------------------
     def check(self, *, retry_failures: bool = False) -> list[Trigger]:
         """Repair what can be repaired; return why a full pass is needed (empty: none)."""
@@ -320,7 +314,6 @@ class Watcher(lifecycle.StartStop):
             mode="polling" if failures or not alive else "inotify",
             watched=tuple(str(w.path) for w in self._watches if w.handle is not None),
             failures=failures,
-            observer_alive=alive,
         )
 
     def _schedule_missing(self, *, retry_failures: bool, force: bool = False) -> bool:

@@ -85,12 +85,7 @@ def is_active(settings: Settings, token: str) -> bool | None:
     except errors.ProcFailed as exc:
         log.warning("unit.state_unknown", unit=unit_name(token), error=str(exc))
         return None
-    state = result.stdout.decode("utf-8", "replace").strip()
-    if state in _ACTIVE_STATES:
-        return True
-    if result.returncode != 0 and state in {"inactive", "failed", "unknown", "deactivating", ""}:
-        return False
-    return state in _ACTIVE_STATES
+    return result.stdout.decode("utf-8", "replace").strip() in _ACTIVE_STATES
 
 
 class ApiNoAnswer(Exception):

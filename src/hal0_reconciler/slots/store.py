@@ -42,15 +42,10 @@ def list_slot_paths(slots_dir: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class SlotFile:
-    """A slot file's bytes and the identity they were read from."""
+    """A slot file's bytes and the stat they were read with."""
 
     data: bytes
     stat: os.stat_result
-
-    @property
-    def identity(self) -> tuple[int, int, int, int]:
-        st = self.stat
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def read_slot(path: Path) -> SlotFile:
