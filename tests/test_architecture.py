@@ -14,8 +14,16 @@ from helpers.hosts import REPO
 
 SRC = REPO / "src" / "hal0_reconciler"
 PURE = [
-    "slots/document.py", "slots/runtime.py", "slots/policy.py", "slots/edit.py", "slots/_tomlscan.py", "model.py",
-    "aiter/resolve.py", "aiter/tables.py", "aiter/routing.py", "aiter/plan.py",
+    "slots/document.py",
+    "slots/runtime.py",
+    "slots/policy.py",
+    "slots/edit.py",
+    "slots/_tomlscan.py",
+    "model.py",
+    "aiter/resolve.py",
+    "aiter/tables.py",
+    "aiter/routing.py",
+    "aiter/plan.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk
 IO_MODULES = {
@@ -73,7 +81,11 @@ def _tool(name: str) -> str:
 def test_ruff_is_clean() -> None:
     """ruff (select = ALL, each ignore with its reason) finds nothing in src/ and tests/."""
     result = subprocess.run(
-        [_tool("ruff"), "check", "src", "tests"], cwd=REPO, capture_output=True, text=True, check=False
+        [_tool("ruff"), "check", "src", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert 0 == result.returncode, result.stdout + result.stderr
 

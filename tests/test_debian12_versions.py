@@ -24,17 +24,40 @@ def test_suite_passes_on_debian12_versions(tmp_path: Path) -> None:
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = str(env_dir / "bin" / "python")
     install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "-r", str(PINS), "pytest", "pytest-timeout", "hypothesis"],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-r",
+            str(PINS),
+            "pytest",
+            "pytest-timeout",
+            "hypothesis",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     if install.returncode != 0:
-        pytest.skip(f"could not install Debian 12's versions from the package index: {install.stderr[-500:]}")
+        pytest.skip(
+            f"could not install Debian 12's versions from the package index: {install.stderr[-500:]}"
+        )
     environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HAL0_INNER_RUN": "1"}
     result = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES],
-        cwd=REPO, capture_output=True, text=True, timeout=800, check=False, env=environment,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        check=False,
+        env=environment,
     )
-    versions = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+    versions = subprocess.run(
+        [python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+    ).stdout
     assert "watchdog==2.2.1" in versions
     assert "structlog==22.3.0" in versions
     assert 0 == result.returncode, result.stdout[-4000:] + result.stderr[-2000:]
@@ -46,8 +69,15 @@ def test_pins_match_the_declared_lower_bounds() -> None:
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     bounds = {d.split(">=")[0]: d.split(">=")[1] for d in deps}
-    pins = dict(line.split("==") for line in PINS.read_text().splitlines() if line and not line.startswith("#"))
+    pins = dict(
+        line.split("==")
+        for line in PINS.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert {"watchdog", "structlog", "psutil", "tomli-w", "sdnotify"} == set(bounds) == set(pins)
     for name, pinned in pins.items():
-        assert pinned.startswith(bounds[name].rstrip(".0")) or pinned.split(".")[:2] == bounds[name].split(".")[:2], name
+        assert (
+            pinned.startswith(bounds[name].rstrip(".0"))
+            or pinned.split(".")[:2] == bounds[name].split(".")[:2]
+        ), name
     assert sys.version_info >= (3, 11)

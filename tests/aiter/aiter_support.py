@@ -126,9 +126,16 @@ class Tree:
         self.slots.mkdir()
 
     def install(self, module: str, so: Path) -> Path:
-        """Put ``so`` in place as ``module`` with a build folder, like a finished aiter build."""
+        """Put ``so`` in place as ``module`` with a build folder, like a finished aiter build.
+
+        The module appears whole (copied beside it, then renamed): a real build writes it while
+        holding aiter's build lock, which the heal respects; a half-copied file with no lock
+        would be a state no real build shows, and a watching daemon could catch it mid-copy.
+        """
         dst = self.jit / f"{module}.so"
-        shutil.copyfile(so, dst)
+        part = dst.with_name(f".{dst.name}.part")
+        shutil.copyfile(so, part)
+        part.rename(dst)
         blob = self.jit / "build" / module / "blob"
         blob.mkdir(parents=True, exist_ok=True)
         (blob / "gen.cpp").write_text(f"// generated for {module}\n")

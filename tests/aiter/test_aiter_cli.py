@@ -147,3 +147,9 @@ def test_plan_exits_1_when_nothing_could_be_checked(tree, target):
     code, out = _run(tree, "plan", "--target", target)
     assert 1 == code
     assert "nothing is checked" in out
+
+
+def test_explain_a_kernel_no_table_names_is_an_error(tree):
+    """A registry-miss message for a kernel no loaded table names: exit 1 (nothing to heal)."""
+    text = "[aiter] kernel 'no_such_kernel_xyz' is not present in the compiled registry."
+    assert _run(tree, "explain", text)[0] == 1

@@ -112,3 +112,16 @@ def test_corrupt_cache_reads_as_empty(tmp_path):
     cache.write_text("{not json")
     reg = registry.Registry(cache)
     assert reg.load_error is not None
+
+
+def test_a_cache_of_another_version_is_ignored(tmp_path):
+    """A cache file written by another version is not trusted: it is set aside with a reason."""
+    from hal0_reconciler.aiter import registry
+
+    cache = tmp_path / "registry.json"
+    cache.write_text(
+        '{"version": 99, "modules": {"/x.so": {"identity": [1, 2, 3, 4], "names": {"k": true}}}}'
+    )
+    reg = registry.Registry(cache)
+    assert reg.load_error is not None
+    assert "version" in reg.load_error

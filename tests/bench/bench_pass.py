@@ -39,13 +39,21 @@ def main() -> None:
         slots.mkdir()
         for n in range(args.slots):
             (slots / f"s{n}.toml").write_text(SLOT.format(n=n, port=9000 + n))
-        settings = settings_mod.load(None, {"slots_dir": str(slots), "profiles_file": str(Path(tmp, "p.toml")),
-                                             "state_dir": str(Path(tmp, "state"))})
+        settings = settings_mod.load(
+            None,
+            {
+                "slots_dir": str(slots),
+                "profiles_file": str(Path(tmp, "p.toml")),
+                "state_dir": str(Path(tmp, "state")),
+            },
+        )
         facts = HostFacts(amd=True, lane=LaneState.USABLE)
         reconciler = Reconciler(settings)
         import structlog
 
-        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # time the work, not the logs
+        structlog.configure(
+            logger_factory=structlog.ReturnLoggerFactory()
+        )  # time the work, not the logs
         started = time.perf_counter()
         first = reconciler.reconcile(facts)
         relabel = time.perf_counter() - started
@@ -56,10 +64,14 @@ def main() -> None:
             runs.append(time.perf_counter() - started)
     n = args.slots
     print(f"slots: {n}")
-    print(f"pass relabelling every slot (lock, edit, verify, fsync, rename each): {relabel * 1000:.0f} ms "
-          f"({relabel / n * 1e6:.0f} us/slot, {len(first.relabeled)} relabelled)")
+    print(
+        f"pass relabelling every slot (lock, edit, verify, fsync, rename each): {relabel * 1000:.0f} ms "
+        f"({relabel / n * 1e6:.0f} us/slot, {len(first.relabeled)} relabelled)"
+    )
     best = min(runs)
-    print(f"pass with nothing to change (best of 5): {best * 1000:.1f} ms ({best / n * 1e6:.0f} us/slot)")
+    print(
+        f"pass with nothing to change (best of 5): {best * 1000:.1f} ms ({best / n * 1e6:.0f} us/slot)"
+    )
 
 
 if __name__ == "__main__":

@@ -102,3 +102,31 @@ def test_an_unreadable_api_env_file_still_falls_back_to_stopping(host: Host) -> 
     assert units.RestartResult.STOPPED == result
     assert [["stop", "--no-block", UNIT]] == host.systemctl.actions()
     assert "api.env" in next(e for e in logs if e["event"] == "unit.stopped_needs_reload")["error"]
+
+
+def test_an_api_that_takes_the_request_but_does_not_answer_is_not_stopped(host: Host) -> None:
+    """The API may be restarting the slot already: no answer in time means no systemctl stop."""
+    import socket
+
+    host.systemctl.set_states({UNIT: "active"})
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts the connection, never answers
+    try:
+        port = silent.getsockname()[1]
+        settings = host.settings(api_url=f"http://127.0.0.1:{port}", api_timeout=0.5)
+        result = units.apply_change(settings, units.RestartRequest(name="agent", token="agent"))
+    finally:
+        silent.close()
+    assert units.RestartResult.NO_ANSWER == result
+    assert [] == host.systemctl.actions()
+
+
+def test_the_slot_name_is_quoted_in_the_api_path(host: Host) -> None:
+    """A name with a space or slash cannot escape /api/slots/{name}/restart."""
+    host.systemctl.set_states({"hal0-slot@t.service": "active"})
+    with Hal0Api() as api:
+        units.apply_change(
+            host.settings(api_url=api.url), units.RestartRequest(name="a b/c", token="t")
+        )
+    assert [("POST", "/api/slots/a%20b%2Fc/restart", None)] == api.requests

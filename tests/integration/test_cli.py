@@ -213,3 +213,10 @@ def test_once_restarts_the_active_slots_it_relabelled(
     assert 0 == result.returncode, result.stderr
     assert [("POST", "/api/slots/coder/restart", None)] == api.requests
     assert "unit.restarted" in result.stderr
+
+
+def test_probe_on_a_non_amd_host_exits_1(host_dirs: dict[str, Path]) -> None:
+    """`probe` without amdgpu says so and exits 1: there is no ROCm lane to use."""
+    result = cli("probe", *host_args(host_dirs))
+    assert 1 == result.returncode
+    assert "ROCm lane: not probed (not an AMD host)" in result.stdout

@@ -16,13 +16,17 @@ from hal0_reconciler.reconcile import Reconciler
 DEVICES = ["gpu-vulkan", "gpu-rocm", "cpu", "npu", "gpu-cuda", ""]
 TYPES = ["llm", "embedding", "reranking", "tts", "transcription", "image", None]
 PROFILES = ["coding", "vulkan", "kokoro", "comfyui", "flm", "tts", "unknown-profile", None]
-FACTS = st.sampled_from([
-    HostFacts(amd=True, lane=LaneState.USABLE),
-    HostFacts(amd=True, lane=LaneState.UNUSABLE),
-    HostFacts(amd=True, lane=LaneState.UNSETTLED),
-    HostFacts(amd=False, lane=LaneState.UNUSABLE),
-])
-comment = st.text(st.characters(blacklist_categories=["Cc", "Cs"]), max_size=30).map(lambda t: f"# {t}")
+FACTS = st.sampled_from(
+    [
+        HostFacts(amd=True, lane=LaneState.USABLE),
+        HostFacts(amd=True, lane=LaneState.UNUSABLE),
+        HostFacts(amd=True, lane=LaneState.UNSETTLED),
+        HostFacts(amd=False, lane=LaneState.UNUSABLE),
+    ]
+)
+comment = st.text(st.characters(blacklist_categories=["Cc", "Cs"]), max_size=30).map(
+    lambda t: f"# {t}"
+)
 
 
 @st.composite
@@ -50,7 +54,16 @@ def slot_files(draw: st.DrawFn) -> str:
         lines.append("")
         lines.append("[slot]")
     lines.extend(fields)
-    lines += ["", "[model]", 'default = "m"', "", "[server]", 'extra_args = """', 'device = "gpu-vulkan"', '"""']
+    lines += [
+        "",
+        "[model]",
+        'default = "m"',
+        "",
+        "[server]",
+        'extra_args = """',
+        'device = "gpu-vulkan"',
+        '"""',
+    ]
     return nl.join(lines) + nl
 
 
@@ -68,8 +81,14 @@ def test_a_pass_changes_only_the_device_and_converges(text: str, facts: HostFact
         slots.mkdir()
         path = slots / "s.toml"
         path.write_bytes(text.encode())
-        config = settings_mod.load(None, {"slots_dir": str(slots), "profiles_file": str(Path(tmp, "p.toml")),
-                                           "state_dir": str(Path(tmp, "state"))})
+        config = settings_mod.load(
+            None,
+            {
+                "slots_dir": str(slots),
+                "profiles_file": str(Path(tmp, "p.toml")),
+                "state_dir": str(Path(tmp, "state")),
+            },
+        )
         Reconciler(config).reconcile(facts)
         after = path.read_bytes()
         old, new = tomllib.loads(text), tomllib.loads(after.decode())
@@ -80,7 +99,9 @@ def test_a_pass_changes_only_the_device_and_converges(text: str, facts: HostFact
             expected = {k: v for k, v in table_old.items() if k not in {"device", "backend"}}
             assert expected == {k: v for k, v in table_new.items() if k != "device"}
             if "slot" in old:  # nested: everything outside [slot] is untouched
-                assert {k: v for k, v in old.items() if k != "slot"} == {k: v for k, v in new.items() if k != "slot"}
+                assert {k: v for k, v in old.items() if k != "slot"} == {
+                    k: v for k, v in new.items() if k != "slot"
+                }
             if "\r\n" in text:  # a CRLF file stays CRLF: no bare LF appears
                 assert after.decode().count("\n") == after.decode().count("\r\n")
         Reconciler(config).reconcile(facts)

@@ -205,3 +205,40 @@ def test_lock_excludes_threads_of_one_process(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=8)
     assert {1} == set(overlaps)
+
+
+def test_replace_refuses_a_slot_that_vanished(tmp_path: Path) -> None:
+    """A slot deleted between read and write stays deleted: nothing is written back."""
+    path = tmp_path / "a.toml"
+    path.write_bytes(b"x = 1\n")
+    before = store.read_slot(path)
+    path.unlink()
+    with pytest.raises(WriteRefused, match="vanished"):
+        store.replace_slot(path, b"x = 2\n", like=before.stat)
+    assert [] == list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("make", [_make_fifo, _make_chardev], ids=["fifo", "char-device"])
+def test_non_regular_slot_paths_are_never_opened(
+    tmp_path: Path, make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO or device named like a slot is refused from its lstat, before any open()."""
+    path = tmp_path / "odd.toml"
+    make(path)
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(
+        os, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k)
+    )
+    with pytest.raises(WriteRefused):
+        store.read_slot(path)
+    assert [] == opened
+
+
+def test_replace_keeps_a_group_readable_mode(tmp_path: Path) -> None:
+    """The new file gets the old mode exactly (0640 here), not the temp file's 0600."""
+    path = tmp_path / "a.toml"
+    path.write_bytes(b"x = 1\n")
+    path.chmod(0o640)
+    store.replace_slot(path, b"x = 2\n", like=store.read_slot(path).stat)
+    assert 0o640 == stat.S_IMODE(path.stat().st_mode)

@@ -1,6 +1,5 @@
 """slots.document: TOML text -> SlotDoc, read the way hal0 reads a slot file."""
 
-
 from __future__ import annotations
 
 from pathlib import Path

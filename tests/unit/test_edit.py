@@ -1,6 +1,5 @@
 """slots.edit: set one slot's device label, byte-minimal, checked by re-parsing."""
 
-
 from __future__ import annotations
 
 import copy

@@ -91,3 +91,10 @@ def test_profiles_file_overlays_builtins() -> None:
 def test_malformed_profiles_are_an_error(data: dict[str, object]) -> None:
     """A [profile] that is not a table of tables makes the catalog unreadable."""
     assert runtime.catalog_from_profiles(data).error is not None
+
+
+def test_a_profile_overlay_keeps_the_builtin_image_it_does_not_set() -> None:
+    """[profile.rocm] with only a backend still has the built-in ROCm image."""
+    catalog = runtime.catalog_from_profiles({"profile": {"rocm": {"backend": "rocm"}}})
+    assert runtime.BUILTIN_PROFILES["rocm"].image == catalog.profiles["rocm"].image
+    assert catalog.profiles["rocm"].image is not None

@@ -22,8 +22,12 @@ def test_defaults_match_a_real_hal0_install(monkeypatch: pytest.MonkeyPatch) -> 
     assert ("ghcr.io/hal0ai/hal0-combined:0822",) == s.vulkan_validated_images
 
 
-@pytest.mark.parametrize(("home", "expected"), [("/opt/h", "/opt/h/etc/hal0/slots"), ("  ", "/etc/hal0/slots")])
-def test_hal0_home_moves_every_root(monkeypatch: pytest.MonkeyPatch, home: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("home", "expected"), [("/opt/h", "/opt/h/etc/hal0/slots"), ("  ", "/etc/hal0/slots")]
+)
+def test_hal0_home_moves_every_root(
+    monkeypatch: pytest.MonkeyPatch, home: str, expected: str
+) -> None:
     """HAL0_HOME, when set and not blank, moves the slots (and lock) under it."""
     monkeypatch.setenv("HAL0_HOME", home)
     s = settings.Settings()
@@ -31,13 +35,35 @@ def test_hal0_home_moves_every_root(monkeypatch: pytest.MonkeyPatch, home: str, 
     assert Path(expected + ".lock") == s.effective_lock_file
 
 
+def test_hal0_home_moves_hal0s_other_files_and_our_settings_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Under HAL0_HOME the profiles file, api.env and reconciler.toml move too."""
+    monkeypatch.setenv("HAL0_HOME", str(tmp_path))
+    (tmp_path / "etc/hal0").mkdir(parents=True)
+    (tmp_path / "etc/hal0/reconciler.toml").write_text("demote_grace = 7\n")
+    s = settings.load(None)
+    assert (tmp_path / "etc/hal0/profiles.toml", tmp_path / "etc/hal0/api.env", 7.0) == (
+        s.profiles_file,
+        s.api_env_file,
+        s.demote_grace,
+    )
+
+
 def test_file_then_overrides(tmp_path: Path) -> None:
     """Values come from the file, and command-line overrides win over it."""
     cfg = tmp_path / "reconciler.toml"
-    cfg.write_text('slots_dir = "/srv/slots"\ndemote_grace = 5\nvulkan_validated_images = ["a:1", "b:2"]\n'
-                   '[aiter]\nkeep_quarantines = 5\n')
+    cfg.write_text(
+        'slots_dir = "/srv/slots"\ndemote_grace = 5\nvulkan_validated_images = ["a:1", "b:2"]\n'
+        "[aiter]\nkeep_quarantines = 5\n"
+    )
     s = settings.load(cfg, {"demote_grace": "7.5", "watch_dev": "false"})
-    assert (Path("/srv/slots"), 7.5, ("a:1", "b:2"), False) == (s.slots_dir, s.demote_grace, s.vulkan_validated_images, s.watch_dev)
+    assert (Path("/srv/slots"), 7.5, ("a:1", "b:2"), False) == (
+        s.slots_dir,
+        s.demote_grace,
+        s.vulkan_validated_images,
+        s.watch_dev,
+    )
     assert 5 == s.aiter.keep_quarantines
 
 
@@ -67,7 +93,9 @@ def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
         settings.load(tmp_path / "nope.toml")
 
 
-def test_absent_default_file_means_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_absent_default_file_means_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Without /etc/hal0/reconciler.toml the defaults apply."""
     monkeypatch.setenv("HAL0_HOME", str(tmp_path))
     assert settings.Settings() == settings.load(None)
