@@ -19,6 +19,7 @@ PURE = [
     "slots/policy.py",
     "slots/edit.py",
     "slots/_tomlscan.py",
+    "slots/limits.py",
     "model.py",
     "aiter/resolve.py",
     "aiter/tables.py",

@@ -1,5 +1,7 @@
 """The exception tree. Every message is the one human line an operator reads."""
 
+import tomllib
+
 
 class ReconcilerError(Exception):
     """Base of every error this package raises on purpose."""
@@ -11,6 +13,11 @@ class SettingsError(ReconcilerError):
 
 class SlotParseError(ReconcilerError):
     """A slot file could not be decoded or parsed as TOML."""
+
+
+class OverLimit(SlotParseError):
+    """A file breaks a limit on the work it may cost (size, nesting, key or number length);
+    the message names the limit and its value. The file is not parsed."""
 
 
 class EditRefused(ReconcilerError):
@@ -31,3 +38,20 @@ class ProbeFailed(ReconcilerError):
 
 class ProcFailed(ReconcilerError):
     """A subprocess could not be started, timed out, or failed."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line a person understands for whatever reading, parsing or editing a file raised
+    (ours, Python's, the parser's), never a traceback."""
+    if isinstance(exc, ReconcilerError):
+        return str(exc)
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to process"
+    if isinstance(exc, MemoryError):
+        return "too large to process (out of memory)"
+    if isinstance(exc, UnicodeError):
+        return f"not UTF-8: {exc}"
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"not valid TOML: {exc}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

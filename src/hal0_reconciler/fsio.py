@@ -78,6 +78,15 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def has_own_temps(directory: Path) -> bool:
+    """Whether ``directory`` holds a temp file of this package (a crash left it)."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(is_own_temp(entry.name) for entry in entries)
+    except OSError:
+        return False
+
+
 def remove_stale_temps(directory: Path) -> list[Path]:
     """Remove temp files this package left behind in ``directory`` (after a crash)."""
     removed: list[Path] = []

@@ -3,6 +3,12 @@
 Level-triggered and idempotent: every call re-reads the files it is given, so a second pass
 over its own output changes nothing and logs nothing. Problems (unreadable files, unresolved
 runtimes, non-regular files) are reported once per file content, not on every pass.
+
+One file can never stop the others: a file over a limit (``slots.limits``) is reported, not
+parsed, and whatever reading, parsing, deciding or editing one file raises becomes that file's
+reported problem, in one line, and the pass goes on. A pass stops between two files (never in
+the middle of one) once ``cancelled()`` is true. Temp files of this package's own writes that a
+crash left in the slots folder are removed under hal0's lock (so never one in flight).
 """
 
 from __future__ import annotations
@@ -15,16 +21,11 @@ from pathlib import Path
 
 import structlog
 
-from hal0_reconciler import fsio
-from hal0_reconciler.errors import (
-    EditRefused,
-    LockTimeout,
-    SlotParseError,
-    WriteRefused,
-)
+from hal0_reconciler import errors, fsio
+from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.model import Action, Catalog, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, policy, runtime, store
+from hal0_reconciler.slots import document, edit, limits, policy, runtime, store
 from hal0_reconciler.state import DemotionLedger
 
 _log = structlog.get_logger("hal0_reconciler.reconcile")
@@ -92,12 +93,14 @@ class Reconciler:
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
         self._catalog_reported: str | None = None
+        self._temps_checked = False  # leftover temp files are looked for once, at the start
         self.update_settings(settings)
 
     def update_settings(self, settings: Settings) -> None:
         """Take new settings (SIGHUP), keeping the memory of what was already reported."""
         self._settings = settings
         self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
+        self._limits = limits.Limits(max_bytes=settings.slot_max_bytes)
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
@@ -116,13 +119,22 @@ class Reconciler:
         """Reconcile the given slot files (default: every slot). ``apply=False`` is a dry run."""
         started = time.monotonic()
         self._refresh_catalog(quiet=not facts.amd)
+        if apply and not self._temps_checked:
+            self._temps_checked = True
+            self._remove_leftover_temps(wait=False)
         outcomes = []
         for path in self.slot_paths() if paths is None else paths:
+            if self._cancelled is not None and self._cancelled():
+                break  # stopping: between two files, never half-way through one
             key = slot_key(path)
             if key in hands_off:
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
                 continue
-            outcome = self._reconcile_one(path, key, facts, apply=apply)
+            try:
+                outcome = self._reconcile_one(path, key, facts, apply=apply)
+            except Exception as exc:  # whatever one file raises, the pass goes on
+                message = f"could not be processed: {errors.describe(exc)}"
+                outcome = Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
             if facts.amd and apply:
                 self._report(outcome, facts)
             outcomes.append(outcome)
@@ -153,7 +165,10 @@ class Reconciler:
                 group_of=self._settings.slots_dir,
                 cancelled=self._cancelled,
             ):
-                return self._write_under_lock(path, key, facts)
+                outcome = self._write_under_lock(path, key, facts)
+                if outcome.status is OutcomeStatus.WRITE_FAILED:
+                    self._remove_leftover_temps(wait=True)  # we hold the lock: none in flight
+                return outcome
         except (LockTimeout, OSError) as exc:
             return Outcome(
                 key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
@@ -170,13 +185,14 @@ class Reconciler:
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return Outcome(key, path, doc.name, doc.token, status, verdict)
-        text = slot_file.data.decode("utf-8")
         try:
+            text = slot_file.data.decode("utf-8")
             result = edit.set_device(text, table=doc.table, new=verdict.new)
             store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
-        except (EditRefused, WriteRefused, OSError) as exc:
+        except Exception as exc:  # refused, failed, or anything the editor raised
+            message = errors.describe(exc)
             return Outcome(
-                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
+                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, message
             )
         if verdict.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
@@ -189,37 +205,59 @@ class Reconciler:
         self, path: Path, key: SlotKey, facts: HostFacts
     ) -> tuple[document.SlotDoc, Verdict, store.SlotFile] | Outcome:
         try:
-            slot_file = store.read_slot(path)
+            slot_file = store.read_slot(path, max_bytes=self._limits.max_bytes)
         except FileNotFoundError:
             self.forget(key)
             self._ledger.drop(key)  # a new file at this path is not the slot we demoted
             return Outcome(key, path, None, None, OutcomeStatus.GONE)
         except WriteRefused as exc:
             return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))
-        except OSError as exc:
+        except (OSError, OverLimit) as exc:
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
         try:
             text = slot_file.data.decode("utf-8")
-            doc = document.parse_slot(text, stem=path.stem)
-        except UnicodeDecodeError as exc:
-            message = f"not UTF-8: {exc}"
+            doc = document.parse_slot(text, stem=path.stem, limits=self._limits)
+            verdict = policy.decide(
+                doc,
+                runtime=runtime.runtime_of(doc, self._catalog),
+                image=runtime.effective_image(doc, self._catalog),
+                facts=facts,
+                validated_images=self._validated,
+                demoted_by_us=key in self._ledger,
+            )
+        except Exception as exc:  # not UTF-8, not TOML, over a limit, or anything else
+            message = errors.describe(exc)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
-        except SlotParseError as exc:
-            return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
-        verdict = policy.decide(
-            doc,
-            runtime=runtime.runtime_of(doc, self._catalog),
-            image=runtime.effective_image(doc, self._catalog),
-            facts=facts,
-            validated_images=self._validated,
-            demoted_by_us=key in self._ledger,
-        )
         return doc, verdict, slot_file
 
     def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:
         """Forget a demotion of ours once the operator moved the slot off ``cpu``."""
         if key in self._ledger and verdict.old != "cpu":
             self._ledger.drop(key)
+
+    def _remove_leftover_temps(self, *, wait: bool) -> None:
+        """Remove this package's own temp files from the slots folder (never hal0's).
+
+        Only while holding hal0's slot lock, which every writer of ours holds for the whole
+        life of its temp file: so no other instance's write in flight is ever removed. At the
+        start (``wait=False``) nothing waits for the lock: when it is busy, the next write that
+        fails, or the next start, removes them.
+        """
+        folder = self._settings.slots_dir
+        if not fsio.has_own_temps(folder):
+            return
+        if wait:
+            removed = fsio.remove_stale_temps(folder)
+        else:
+            try:
+                with store.slot_write_lock(
+                    self._settings.effective_lock_file, timeout=0, group_of=folder
+                ):
+                    removed = fsio.remove_stale_temps(folder)
+            except (LockTimeout, OSError):
+                return
+        if removed:
+            _log.info("slot.temp_files_removed", count=len(removed), folder=str(folder))
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -181,7 +181,6 @@ class Runner:
                 log.error("daemon.start_failed", path=str(folder), error=str(exc))  # noqa: TRY400 - the human line, no traceback
                 return EXIT_FAILURE
             fsio.remove_stale_temps(folder)
-        fsio.remove_stale_temps(settings.slots_dir)
         log.info(
             "daemon.started",
             version=__version__,

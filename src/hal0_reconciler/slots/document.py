@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hal0_reconciler import errors, model
+from hal0_reconciler.slots import limits as limits_
 
 
 @dataclass(frozen=True)
@@ -48,19 +49,24 @@ _BACKEND_TO_DEVICE: Mapping[str, str] = {
 """hal0's legacy `backend` table; keys are lower-case and stripped. Unknown values map to cpu."""
 
 
-def parse_slot(text: str, *, stem: str) -> SlotDoc:
+def parse_slot(text: str, *, stem: str, limits: limits_.Limits = limits_.DEFAULT) -> SlotDoc:
     """Parse a slot file's text. Raises SlotParseError with the parser's message.
 
     The authoritative table is `[slot]` when the document has a `slot` table, else the root;
     top-level scalars of a nested file are ignored, as hal0 ignores them. A value of the wrong
     type where a string is expected counts as absent, except `device`, which must be a string.
+    Text over one of ``limits`` raises OverLimit (a SlotParseError) and is not parsed.
     """
+    limits_.check_text(text, limits)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise errors.SlotParseError(f"not valid TOML: {exc}") from exc
     except RecursionError as exc:  # absurdly deep nesting of arrays / inline tables
         raise errors.SlotParseError("not valid TOML: nesting too deep") from exc
+    except ValueError as exc:  # e.g. Python's limit on the digits of an integer
+        raise errors.SlotParseError(f"not a usable value: {exc}") from exc
+    limits_.check_depth(data, limits)
 
     slot = data.get("slot")
     table: tuple[str, ...]

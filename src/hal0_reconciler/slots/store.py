@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import fsio
-from hal0_reconciler.errors import LockTimeout, WriteRefused
+from hal0_reconciler import errors, fsio
+from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.model import Catalog
-from hal0_reconciler.slots import runtime
+from hal0_reconciler.slots import limits, runtime
 
 _EDITOR_LITTER = ("~", ".swp", ".swx", ".tmp")
 
@@ -48,10 +48,11 @@ class SlotFile:
     stat: os.stat_result
 
 
-def read_slot(path: Path) -> SlotFile:
+def read_slot(path: Path, *, max_bytes: int | None = None) -> SlotFile:
     """Read a regular slot file without following a symlink or blocking on a FIFO.
 
-    Raises FileNotFoundError when it is gone and WriteRefused when it is not a regular file.
+    Raises FileNotFoundError when it is gone, WriteRefused when it is not a regular file, and
+    OverLimit when it is larger than ``max_bytes`` (never reading more than that).
     """
     before = os.lstat(path)  # never open a device node, FIFO or socket that sits in the folder
     if not stat.S_ISREG(before.st_mode):
@@ -68,9 +69,16 @@ def read_slot(path: Path) -> SlotFile:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise WriteRefused(f"{path}: {_kind_of_mode(st.st_mode)}, not a regular file")
+        cap = None if max_bytes is None else max_bytes + 1
+        if cap is not None:
+            limits.check_size(st.st_size, limits.Limits(max_bytes=cap - 1))
         chunks = []
-        while chunk := os.read(fd, 1 << 16):
+        size = 0
+        while chunk := os.read(fd, 1 << 16 if cap is None else min(1 << 16, cap - size)):
             chunks.append(chunk)
+            size += len(chunk)
+            if cap is not None and size >= cap:  # it grew after the fstat
+                raise OverLimit(f"over the size limit: more than {max_bytes} bytes")
         return SlotFile(b"".join(chunks), st)
     finally:
         os.close(fd)
@@ -151,16 +159,37 @@ def _open_lock_file(lock_file: Path, *, group_of: Path | None) -> int:
     return fd
 
 
-def read_catalog(profiles_file: Path) -> Catalog:
-    """hal0's profile catalog: built-ins, overlaid by the profiles file when it exists."""
+PROFILES_MAX_BYTES = 1 << 20  # a catalog of many profiles; still bounded
+
+
+def read_catalog(profiles_file: Path, *, bounds: limits.Limits | None = None) -> Catalog:
+    """hal0's profile catalog: built-ins, overlaid by the profiles file when it exists.
+
+    Whatever is wrong with the file (unreadable, over a limit, not TOML, not UTF-8, values
+    Python refuses, nesting too deep) gives the built-ins and an error naming it.
+    """
+    bounds = bounds or limits.Limits(max_bytes=PROFILES_MAX_BYTES)
     try:
-        with profiles_file.open("rb") as fh:
-            data = tomllib.load(fh)
+        fd = os.open(profiles_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # a FIFO would block every pass
+                raise WriteRefused(f"{_kind_of_mode(mode)}, not a regular file")
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                raw = fh.read(bounds.max_bytes + 1)
+        finally:
+            os.close(fd)
+        limits.check_size(len(raw), bounds)
+        text = raw.decode("utf-8")
+        limits.check_text(text, bounds)
+        data = tomllib.loads(text)
+        limits.check_depth(data, bounds)
+        return runtime.catalog_from_profiles(data)
     except FileNotFoundError:
         return runtime.catalog_from_profiles({})
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return Catalog(dict(runtime.BUILTIN_PROFILES), error=f"{profiles_file}: {exc}")
-    return runtime.catalog_from_profiles(data)
+    except Exception as exc:  # one bad file must not stop the passes: say what is wrong
+        error = f"{profiles_file}: {errors.describe(exc)}"
+        return Catalog(dict(runtime.BUILTIN_PROFILES), error=error)
 
 
 def _kind(path: Path) -> str:
