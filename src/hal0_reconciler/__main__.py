@@ -1,7 +1,7 @@
-"""`python -m hal0_reconciler` runs the command line."""
+"""`python -m hal0_reconciler` runs the command line (signals held first, see ``_entry``)."""
 
 import sys
 
-from hal0_reconciler import cli
+from hal0_reconciler import _entry
 
-sys.exit(cli.main())
+sys.exit(_entry.main())

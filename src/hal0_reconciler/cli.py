@@ -8,16 +8,19 @@ the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import structlog
 
-from hal0_reconciler import __version__, _log, settings
+from hal0_reconciler import __version__, _log, held_signals, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import units
@@ -122,6 +125,8 @@ def _dispatch(
     args: argparse.Namespace, current: settings.Settings, overrides: dict[str, Any]
 ) -> int:
     verb: str = args.verb
+    if verb not in ("run", "once"):  # those release them once their handlers are in place
+        held_signals.release()
     if verb == "once":
         return _once(current, restart=not args.no_restart)
     if verb == "plan":
@@ -167,7 +172,31 @@ def _require_slots_dir(current: settings.Settings) -> None:
         raise SettingsError(f"slots directory {folder} cannot be read")
 
 
+@contextlib.contextmanager
+def _stop_flag() -> Iterator[Callable[[], bool]]:
+    """SIGTERM / SIGINT end a one-shot pass between two files (never mid-write)."""
+    stopped: list[int] = []
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        stopped.append(signum)
+
+    previous = {
+        signum: signal.signal(signum, on_stop) for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    held_signals.release()
+    try:
+        yield lambda: bool(stopped)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _once(current: settings.Settings, *, restart: bool) -> int:
+    with _stop_flag() as stopped:
+        return _once_until(current, restart=restart, stopped=stopped)
+
+
+def _once_until(current: settings.Settings, *, restart: bool, stopped: Callable[[], bool]) -> int:
     _require_slots_dir(current)
     facts = host_facts.gather(current)
     if facts.amd and facts.lane is LaneState.UNKNOWN:
@@ -175,7 +204,10 @@ def _once(current: settings.Settings, *, restart: bool) -> int:
             "host.probe_failed", reason=facts.lane_reason, effect="no slot is demoted to cpu"
         )
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
-    report = Reconciler(current, ledger=ledger).reconcile(facts)
+    report = Reconciler(current, ledger=ledger, cancelled=stopped).reconcile(facts)
+    if stopped():
+        _cli_log.warning("once.stopped", relabeled=len(report.relabeled), reason="signal")
+        return EXIT_ERROR
     for outcome in report.relabeled:  # an active slot keeps its old devices until restarted
         if outcome.name is None or outcome.token is None:
             continue

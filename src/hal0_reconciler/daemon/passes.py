@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from hal0_reconciler import lifecycle, reconcile
+from hal0_reconciler import errors, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
@@ -47,6 +47,9 @@ class Progress:
 
     passes: int = 0
     full_passes: int = 0
+    full_attempts: int = 0  # full passes finished or failed: READY=1 comes after the first
+    failure: str | None = None  # why the last batch failed (None: it did not)
+    write_failures: dict[SlotKey, str] = field(default_factory=dict)  # slots we cannot write
     batches: int = 0  # finished with everything recorded (pass, aiter check, problems, metrics)
     relabels_total: int = 0
     last_pass_at: float = 0.0  # wall clock
@@ -58,6 +61,33 @@ class Progress:
     slots: dict[SlotKey, dict[str, Any]] = field(default_factory=dict)
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
+
+
+def failures(owner: Passes) -> list[str]:
+    """Why the worker's side cannot do its job: its last batch failed, slots cannot be written,
+    the ROCm-lane probe cannot run at all (for the main loop's health)."""
+    with owner.lock:
+        p = owner.progress
+        found = [f"the last pass failed: {p.failure}"] if p.failure is not None else []
+        if p.write_failures:
+            first = next(iter(p.write_failures.values()))
+            found.append(f"{len(p.write_failures)} slot file(s) cannot be written ({first})")
+        facts = p.facts
+    if facts is not None and facts.amd and facts.lane is LaneState.UNKNOWN:
+        found.append(f"the ROCm-lane probe cannot run: {facts.lane_reason}")
+    return found
+
+
+def _write_failures(
+    report: reconcile.PassReport, failing: dict[SlotKey, str]
+) -> dict[SlotKey, str]:
+    """The slots whose last write failed, after ``report`` (a slot that went well is cleared)."""
+    for o in report.outcomes:
+        if o.status is reconcile.OutcomeStatus.WRITE_FAILED:
+            failing[o.key] = f"{o.path}: {o.message}"
+        else:
+            failing.pop(o.key, None)
+    return failing
 
 
 @dataclass(frozen=True)
@@ -170,8 +200,16 @@ class Passes:
             finally:
                 if batch.aiter and self._aiter.enabled:
                     self._check_aiter(settings)
+        except Exception as exc:
+            with self.lock:
+                self.progress.failure = errors.describe(exc)
+            raise
+        else:
+            with self.lock:
+                self.progress.failure = None
         finally:
             with self.lock:
+                self.progress.full_attempts += int(batch.everything)
                 self.progress.busy_since = None
                 self.progress.batches += 1  # last: the main loop republishes on seeing it
             self._wake()
@@ -269,6 +307,7 @@ class Passes:
             for o in report.outcomes:
                 if o.status is statuses.GONE:
                     slots.pop(o.key, None)
+            p.write_failures = _write_failures(report, {} if full else p.write_failures)
             hands_off = self.fights.hands_off
             for key, entry in seen.items():
                 kept = entry["status"] == statuses.HANDS_OFF.value and key in slots

@@ -44,7 +44,7 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             "updated_at": time.time(),
             "heartbeat": status.HEARTBEAT,
             "ready": ready,
-            "healthy": not problems,
+            "healthy": ready and not problems,  # never while starting
             "problems": [*problems, *p.problems.values()],
             "passes": p.passes,
             "relabels_total": p.relabels_total,

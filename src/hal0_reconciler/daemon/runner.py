@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from hal0_reconciler import __version__, _log, fsio, reconcile
+from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
@@ -235,7 +235,7 @@ class Runner:
                 self._reload_requested = False
                 if self._reload():
                     with lock:
-                        ready_after = progress.full_passes + 1
+                        ready_after = progress.full_attempts + 1
                 else:
                     self._notifier.ready()
             watcher = self._watcher
@@ -263,7 +263,7 @@ class Runner:
                 log.info("aiter.check_retried", reason="a build was running")
                 self._queue.add(workqueue.Special.AITER)
             with lock:
-                full_passes = progress.full_passes
+                full_passes = progress.full_attempts  # READY even when a file is poisoned
                 # a batch's end counts too: its problems and metrics come after its pass/check
                 passes_done = progress.passes + self._aiter.generation() + progress.batches
             if ready_after is not None and full_passes >= ready_after:
@@ -304,6 +304,7 @@ class Runner:
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
+        problems += passes.failures(self._passes)
         return problems
 
     def _publish(self, problems: list[str], *, ready: bool) -> None:
@@ -370,6 +371,7 @@ def run(settings: Settings, *, config_path: Path | None, overrides: dict[str, An
         signal.SIGHUP: signal.signal(signal.SIGHUP, on_reload),
     }
     old_wakeup = signal.set_wakeup_fd(runner.wake_fd, warn_on_full_buffer=False)
+    held_signals.release()  # held since the process started: delivered to the handlers now
     try:
         return runner.serve()
     finally:

@@ -105,12 +105,14 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
             f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
         )
         code = EXIT_UNHEALTHY
+    elif not snapshot.get("ready", False):
+        head = f"hal0-reconciler: starting (pid {pid}), not healthy yet: first pass not finished"
+        code = EXIT_UNHEALTHY
     elif not snapshot.get("healthy", False):
         head = f"hal0-reconciler: unhealthy (pid {pid})"
         code = EXIT_UNHEALTHY
     else:
-        state = "running" if snapshot.get("ready") else "starting"
-        head = f"hal0-reconciler: {state} (pid {pid}), healthy"
+        head = f"hal0-reconciler: running (pid {pid}), healthy"
         code = EXIT_OK
     lines.append(head)
     last = snapshot.get("last_pass") or {}
