@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from hal0_reconciler import errors, lifecycle, reconcile
-from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
+from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
@@ -258,6 +258,9 @@ class Passes:
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        if len(report.outcomes) >= memory.BIG_BATCH:
+            del report, before
+            memory.release()  # a flood's garbage goes back to the kernel, not kept for good
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""

@@ -268,6 +268,9 @@ class Restarter(lifecycle.StartStop):
                 if self._stop is not None:
                     return self._stop
                 now = time.monotonic()
+                interval = self._settings.restart_min_interval
+                # a slot restarted longer ago than the rate limit needs no memory (bounded)
+                self._last = {t: at for t, at in self._last.items() if now - at < interval}
                 due = [(d, t) for t, (d, _) in self._pending.items() if d <= now]
                 if due:
                     _, token = min(due)
