@@ -13,6 +13,14 @@ from hal0_reconciler import settings as settings_mod
 from helpers.hosts import DATA
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="reliability suite: the full counts (minutes to hours), not the CI size",
+    )
+
+
 @pytest.fixture
 def host_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
     """Temp stand-ins for every host path, nothing in them yet (a non-AMD host).

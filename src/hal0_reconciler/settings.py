@@ -78,7 +78,7 @@ class Settings:
     slots_dir: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/slots")
     lock_file: Path | None = None  # None: hal0's sibling lock file `<slots_dir>.lock`
     lock_timeout: float = 10.0
-    slot_max_bytes: int = 65536  # a larger slot (or profiles) file is reported, never parsed
+    slot_max_bytes: int = 16384  # a larger slot file is reported, never parsed
     profiles_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/profiles.toml")
     vulkan_validated_images: tuple[str, ...] = HAL0_VULKAN_VALIDATED_IMAGES
     # host facts
