@@ -175,7 +175,9 @@ def test_mutated_slot_files_in_process(tmp_path: Path) -> None:
             saved = tmp_path / f"failed-{len(failures)}.toml"
             saved.write_bytes(data)
             failures.append(f"{name}: {outcome} (input in {saved}; add it to {CORPUS})")
-    support.NOTES["fuzz worst case per file (in-process)"] = f"{worst[0] * 1000:.1f} ms ({worst[1]})"
+    support.NOTES["fuzz worst case per file (in-process)"] = (
+        f"{worst[0] * 1000:.1f} ms ({worst[1]})"
+    )
     support.NOTES["fuzz outcomes"] = json.dumps(outcomes, sort_keys=True)
     assert [] == failures
     assert outcomes.get("relabelled", 0) > count // 20, outcomes  # the fuzzer reaches the edit
@@ -206,7 +208,9 @@ def _valid_vulkan_llama(data: bytes, catalog: Catalog) -> bool:
     )
 
 
-_NO_LIMITS = limits.Limits(max_bytes=1 << 30, max_depth=900, max_key_length=1 << 30, max_digits=4000)
+_NO_LIMITS = limits.Limits(
+    max_bytes=1 << 30, max_depth=900, max_key_length=1 << 30, max_digits=4000
+)
 
 
 def _exactly_relabelled(old: bytes, new: bytes) -> bool:
@@ -224,7 +228,7 @@ def test_mutated_slot_files_through_plan_and_once(host: Host) -> None:
     ``once`` processes: no traceback, no hang, writes only to valid gpu-vulkan llama.cpp
     slots (each now exactly relabelled), every planted candidate relabelled."""
     count = support.scaled(10_000, 100_000)
-    batch_size = 1000
+    batch_size = 2000
     catalog = runtime.catalog_from_profiles({})
     all_cases = list(cases(count))
     problems: list[str] = []
@@ -248,7 +252,9 @@ def test_mutated_slot_files_through_plan_and_once(host: Host) -> None:
                 continue
             if support.tracebacks(done.stderr) or done.returncode not in (0, 1, 2):
                 support.FIGURES["crashes"] += 1
-                problems.append(f"batch {start}: {verb} exit {done.returncode}: {done.stderr[-2000:]}")
+                problems.append(
+                    f"batch {start}: {verb} exit {done.returncode}: {done.stderr[-2000:]}"
+                )
         for path, data in before.items():
             now = path.read_bytes()
             if now == data:
