@@ -81,7 +81,8 @@ def cli_argv(host: Host, verb: str, **settings: object) -> list[str]:
         "dri_dir",
         "profiles_file",
     ):
-        argv += ["--" + key.replace("_", "-"), o[key]]
+        value = settings.pop(key, o[key])  # a flag wins over --set: one or the other
+        argv += ["--" + key.replace("_", "-"), str(value)]
     argv += ["--user", o["service_user"]]
     values = {
         "settle_window": o["settle_window"],
@@ -183,6 +184,8 @@ def tree_digest(root: Path, *, skip: tuple[Path, ...] = ()) -> dict[str, str]:
         dirs[:] = [d for d in dirs if here / d not in skip]
         for name in files + [d for d in dirs if (here / d).is_symlink()]:
             path = here / name
+            if path in skip:
+                continue
             if path.is_symlink():
                 found[str(path)] = "-> " + os.readlink(path)
             elif path.is_file():

@@ -22,9 +22,11 @@ import structlog
 
 from hal0_reconciler import errors, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
+from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
+from hal0_reconciler.slots import store
 
 log = structlog.get_logger("hal0_reconciler.daemon")
 
@@ -35,9 +37,11 @@ ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 
 
 def digest(path: Path) -> str | None:
+    """The content digest of a regular slot file; None when it is gone or not a regular file
+    (never opening a FIFO, which would block the worker for good, nor following a symlink)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(store.read_slot(path).data).hexdigest()
+    except (OSError, ReconcilerError):
         return None
 
 
