@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -123,6 +124,34 @@ def run_cli(
     except subprocess.TimeoutExpired:
         FIGURES["hangs"] += 1
         raise
+
+
+def start_daemon(
+    host: Host, notify_socket: Path | None = None, **settings: object
+) -> subprocess.Popen[bytes]:
+    """``run`` as a process; its log goes to ``daemon_log(host)`` (a pipe nobody reads while
+    the test runs would fill up and block the daemon's logging)."""
+    env = cli_env() if notify_socket is None else cli_env(NOTIFY_SOCKET=str(notify_socket))
+    with daemon_log(host).open("ab") as log:
+        return subprocess.Popen(
+            cli_argv(host, "run", **settings), env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
+
+
+def daemon_log(host: Host) -> Path:
+    return host.root / "daemon.log"
+
+
+def daemon_events(host: Host) -> list[dict[str, object]]:
+    """The JSON log lines of every daemon the test started on this host."""
+    decoder = json.JSONDecoder()
+    events = []
+    for line in daemon_log(host).read_text().splitlines():
+        at = 0
+        while line.startswith("{", at):  # two threads' lines can end up on one (seen here)
+            event, at = decoder.raw_decode(line, at)
+            events.append(event)
+    return events
 
 
 def tracebacks(text: str) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -46,17 +45,12 @@ def test_swaps_between_read_and_write_while_the_daemon_runs(host: Host) -> None:
     os.link(outside / "linked.toml", host.slots / "hard.toml")
     os.mkfifo(host.slots / "pipe.toml")
     devnodes.char_node(host.slots / "node.toml", mode=0o666)
-    argv = support.cli_argv(host, "run", settle_window="0.02")
+    support.quiet_systemctl(host.root / "quiet-bin")
     # hal0's lock file (created empty when missing) and the daemon's own folders are theirs
     ours = (host.slots, host.root / "run", host.root / "var", host.root / "etc/hal0/slots.lock")
     before = support.tree_digest(host.root, skip=ours)
     with NotifySocket() as sock:
-        child = subprocess.Popen(
-            argv,
-            env=support.cli_env(NOTIFY_SOCKET=str(sock.path)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        child = support.start_daemon(host, sock.path, settle_window="0.02")
         try:
             sock.wait_for("READY=1", timeout=30)
             for n in range(rounds):
@@ -71,8 +65,7 @@ def test_swaps_between_read_and_write_while_the_daemon_runs(host: Host) -> None:
             assert 0 == child.wait(10)
         finally:
             support.kill_tree(child)
-        assert child.stderr is not None
-        support.FIGURES["crashes"] += support.tracebacks(child.stderr.read().decode())
+        support.FIGURES["crashes"] += support.tracebacks(support.daemon_log(host).read_text())
     support.FIGURES["cases"] += rounds
     after = support.tree_digest(host.root, skip=ours)
     assert [] == support.outside_writes(before, after)

@@ -5,11 +5,9 @@ restores to gpu-rocm under the same lock). Every write of the writer must surviv
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import random
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -59,13 +57,8 @@ def test_a_hal0_writer_racing_the_daemon_while_the_lane_flaps(host: Host) -> Non
         host.lane(usable=True)
 
     with NotifySocket() as sock:
-        child = subprocess.Popen(
-            support.cli_argv(
-                host, "run", settle_window="0.01", demote_grace="0", fight_limit="100000"
-            ),
-            env=support.cli_env(NOTIFY_SOCKET=str(sock.path)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+        child = support.start_daemon(
+            host, sock.path, settle_window="0.01", demote_grace="0", fight_limit="100000"
         )
         flapper = threading.Thread(target=flap, name="test-lane-flapper")
         try:
@@ -89,12 +82,7 @@ def test_a_hal0_writer_racing_the_daemon_while_the_lane_flaps(host: Host) -> Non
         finally:
             stop.set()
             support.kill_tree(child)
-        assert child.stderr is not None
-        events = [
-            json.loads(line)
-            for line in child.stderr.read().decode().splitlines()
-            if line.startswith("{")
-        ]
+        events = support.daemon_events(host)
     counters = [
         int(re.search(r"^counter = (\d+)$", p.read_text(), re.MULTILINE).group(1)) for p in slots
     ]  # type: ignore[union-attr]

@@ -18,12 +18,7 @@ STOP_BUDGET = 5.0
 
 
 def _daemon(host: Host, sock: NotifySocket, **settings: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        support.cli_argv(host, "run", **settings),
-        env=support.cli_env(NOTIFY_SOCKET=str(sock.path)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    return support.start_daemon(host, sock.path, **settings)
 
 
 def _stop(child: subprocess.Popen[bytes]) -> tuple[float, int]:
@@ -70,7 +65,7 @@ def test_sigterm_during_a_lock_wait(host: Host) -> None:
                     support.cli_argv(host, "once", lock_timeout=60),
                     env=support.cli_env(),
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
                 )
             time.sleep(2.5)  # started, probed, reading: now waiting for the lock
             assert child.poll() is None
