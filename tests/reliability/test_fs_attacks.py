@@ -47,7 +47,13 @@ def test_swaps_between_read_and_write_while_the_daemon_runs(host: Host) -> None:
     devnodes.char_node(host.slots / "node.toml", mode=0o666)
     support.quiet_systemctl(host.root / "quiet-bin")
     # hal0's lock file (created empty when missing) and the daemon's own folders are theirs
-    ours = (host.slots, host.root / "run", host.root / "var", host.root / "etc/hal0/slots.lock")
+    ours = (
+        host.slots,
+        host.root / "run",
+        host.root / "var",
+        host.root / "etc/hal0/slots.lock",
+        support.daemon_log(host),  # the test's own record of the daemon's log
+    )
     before = support.tree_digest(host.root, skip=ours)
     with NotifySocket() as sock:
         child = support.start_daemon(host, sock.path, settle_window="0.02")
