@@ -29,6 +29,19 @@ class Keyed(enum.StrEnum):
 
     NAME = "name"
     SHAPE = "shape"
+    ID = "id"  # an integer id (opus): kept as a number in a lookup table, not as a string
+
+
+@dataclass(frozen=True)
+class IdRegistry:
+    """A module keyed by integer id (``module_deepgemm_opus``), fed by rows of one libtype from
+    the tables a boot resolves (``tables``) and from fixed files under ``configs/`` (``files``,
+    globs, whatever the variables say)."""
+
+    module: str
+    route: TableRoute  # reads the ids: keyed ID, columns = the id columns, modules = {libtype}
+    tables: tuple[str, ...]
+    files: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -62,9 +75,14 @@ class Routing:
 
     version: str
     tables: tuple[TableRoute, ...]
+    registries: tuple[IdRegistry, ...] = ()
 
     def by_module(self, module: str) -> tuple[TableRoute, ...]:
-        return tuple(t for t in self.tables if module in t.modules.values())
+        return tuple(
+            t
+            for t in (*self.tables, *(r.route for r in self.registries))
+            if module in t.modules.values()
+        )
 
 
 def parse_routing(text: str, *, version: str = "") -> Routing:
@@ -81,13 +99,50 @@ def parse_routing(text: str, *, version: str = "") -> Routing:
     tables = versions[chosen].get("tables", {})
     if not isinstance(tables, dict) or not tables:
         raise RoutingError(f"routing version {chosen!r} lists no tables")
-    return Routing(
-        version=chosen,
-        tables=tuple(
-            _route(stem, raw, where=f"versions.{chosen}.tables.{stem}")
-            for stem, raw in tables.items()
-        ),
+    routes = tuple(
+        _route(stem, raw, where=f"versions.{chosen}.tables.{stem}") for stem, raw in tables.items()
     )
+    raw_regs = versions[chosen].get("registries", {})
+    if not isinstance(raw_regs, dict):
+        raise RoutingError(f"versions.{chosen}.registries must be a table")
+    registries = tuple(
+        _registry(module, raw, {r.stem for r in routes}, where=f"versions.{chosen}.registries")
+        for module, raw in raw_regs.items()
+    )
+    return Routing(version=chosen, tables=routes, registries=registries)
+
+
+def _registry(module: str, raw: Any, stems: set[str], *, where: str) -> IdRegistry:
+    where = f"{where}.{module}"
+    if not isinstance(raw, dict) or not module.startswith("module_"):
+        raise RoutingError(f"{where} must be a table named after a module_* name")
+    unknown = set(raw) - {"libtype", "columns", "tables", "files"}
+    if unknown:
+        raise RoutingError(f"{where}: unknown key {min(unknown)!r}")
+    libtype = raw.get("libtype")
+    if not isinstance(libtype, str) or not libtype:
+        raise RoutingError(f"{where}.libtype must name the libtype of its rows")
+    lists = {}
+    for key in ("columns", "tables", "files"):
+        value = raw.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise RoutingError(f"{where}.{key} must be a list of strings")
+        lists[key] = tuple(value)
+    if not lists["columns"]:
+        raise RoutingError(f"{where}.columns must name the id column(s)")
+    unknown_tables = set(lists["tables"]) - stems
+    if unknown_tables:
+        raise RoutingError(f"{where}.tables: {min(unknown_tables)!r} is not a table")
+    if any(f.startswith("/") or ".." in f.split("/") for f in lists["files"]):
+        raise RoutingError(f"{where}.files must be relative to configs/")
+    route = TableRoute(
+        stem=module,
+        variable="",
+        keyed=Keyed.ID,
+        columns=lists["columns"],
+        modules={libtype: module},
+    )
+    return IdRegistry(module, route, lists["tables"], lists["files"])
 
 
 def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
@@ -103,6 +158,8 @@ def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
         keyed = Keyed(raw.get("keyed", "shape"))
     except ValueError:
         raise RoutingError(f"{where}.keyed must be 'name' or 'shape'") from None
+    if keyed is Keyed.ID:
+        raise RoutingError(f"{where}.keyed: id-keyed modules are [registries], not tables")
     columns = raw.get("columns", ["kernelName"])
     if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
         raise RoutingError(f"{where}.columns must be a non-empty list of column names")
