@@ -124,6 +124,7 @@ class EnvPlan:
     problems: tuple[str, ...] = ()
     checked: bool = True  # False: the target is unknown, so nothing was checked or healed
     rules: str = ""  # the aiter version and rule set this plan followed
+    rules_note: str | None = None  # why the rule set is a guess (said once per tree)
 
     @property
     def heal_pending(self) -> bool:
@@ -285,7 +286,7 @@ def decide(
             f"{len(needs.names) + len(needs.unbuildable)} kernel id(s) route here; the module "
             "keeps ids as integers in a lookup table, not as strings, so whether it compiled "
             "them cannot be verified from the file (never healed; a miss raises 'Kernel id N "
-            "not found in a16w16 bf16 tune lookup table')",
+            "not found in ... tune lookup table')",
         )
     if not facts.exists:
         return verdict(

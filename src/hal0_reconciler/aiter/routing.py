@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hal0_reconciler.errors import ReconcilerError
@@ -76,6 +76,12 @@ class Routing:
     version: str
     tables: tuple[TableRoute, ...]
     registries: tuple[IdRegistry, ...] = ()
+    prefixes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kernel-name prefix
+
+    def modules_for_name(self, kernel: str) -> tuple[str, ...]:
+        """The modules a kernel name can belong to, by its longest known prefix."""
+        best = max((p for p in self.prefixes if kernel.startswith(p)), key=len, default=None)
+        return self.prefixes[best] if best is not None else ()
 
     def by_module(self, module: str) -> tuple[TableRoute, ...]:
         return tuple(
@@ -109,7 +115,18 @@ def parse_routing(text: str, *, version: str = "") -> Routing:
         _registry(module, raw, {r.stem for r in routes}, where=f"versions.{chosen}.registries")
         for module, raw in raw_regs.items()
     )
-    return Routing(version=chosen, tables=routes, registries=registries)
+    raw_prefixes = versions[chosen].get("prefixes", {})
+    if not isinstance(raw_prefixes, dict) or not all(
+        isinstance(v, list) and v and all(isinstance(m, str) and m.startswith("module_") for m in v)
+        for v in raw_prefixes.values()
+    ):
+        raise RoutingError(f"versions.{chosen}.prefixes must map a prefix to module_* names")
+    return Routing(
+        version=chosen,
+        tables=routes,
+        registries=registries,
+        prefixes={str(k): tuple(v) for k, v in raw_prefixes.items()},
+    )
 
 
 def _registry(module: str, raw: Any, stems: set[str], *, where: str) -> IdRegistry:

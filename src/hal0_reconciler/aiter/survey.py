@@ -259,6 +259,7 @@ class Surveyor:
             checked=checked,
             rules=f"aiter {found.version or 'version unknown'}, rules {ruleset.name} "
             f"(chosen by {chosen.how})",
+            rules_note=chosen.note,
         )
 
     def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
