@@ -74,7 +74,9 @@ def test_an_empty_kernel_name_in_a_ck_row_is_a_broken_row_on_real_tables(
     header = lines[0].strip().split(",")
     col, lib = header.index("kernelName"), header.index("libtype")
     ck_line = next(
-        n for n, text in enumerate(lines[1:], 2) if text.split(",")[lib] == "ck" and "gfx950" in text
+        n
+        for n, text in enumerate(lines[1:], 2)
+        if text.split(",")[lib] == "ck" and "gfx950" in text
     )
     asm_line = next(n for n, text in enumerate(lines[1:], 2) if text.split(",")[lib] == "asm")
     for n in (ck_line, asm_line):

@@ -69,7 +69,7 @@ def _version(package_dir: Path, notes: list[str]) -> tuple[str | None, Path | No
             meta = entry / "METADATA"
         elif (
             name.endswith(".egg-info")
-            and name.split("-", 1)[0].lower().removesuffix(".egg-info") in _DIST_NAMES
+            and name.removesuffix(".egg-info").split("-", 1)[0].lower() in _DIST_NAMES
         ):
             meta = entry / "PKG-INFO"
         if meta is None:

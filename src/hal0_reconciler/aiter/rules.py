@@ -137,13 +137,21 @@ def _ruleset(name: str, raw: Any) -> RuleSet:
         isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in build_cu.values()
     ):
         raise RulesError(f"{where}.build_cu must map gfx names to CU counts")
+    choices: dict[str, type[enum.StrEnum]] = {
+        "empty_value": EmptyValue,
+        "whitespace": Whitespace,
+        "dedup_merge": DedupMerge,
+    }
+    for key, kind in choices.items():
+        if raw.get(key) not in {str(v) for v in kind}:
+            raise RulesError(f"{where}.{key} must be one of {', '.join(str(v) for v in kind)}")
     try:
         return RuleSet(
             name=name,
             summary=str(raw.get("summary", "")),
-            empty_value=EmptyValue(str(raw.get("empty_value"))),
-            whitespace=Whitespace(str(raw.get("whitespace"))),
-            dedup_merge=DedupMerge(str(raw.get("dedup_merge"))),
+            empty_value=EmptyValue(raw["empty_value"]),
+            whitespace=Whitespace(raw["whitespace"]),
+            dedup_merge=DedupMerge(raw["dedup_merge"]),
             versions=versions,
             revisions=_strings(raw.get("revisions", []), f"{where}.revisions"),
             markers=dict(markers),
