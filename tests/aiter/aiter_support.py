@@ -161,8 +161,14 @@ class Tree:
         (blob / "gen.cpp").write_text(f"// generated for {module}\n")
         return dst
 
-    def settings(self, *, target: str = "gfx950:256", **options: object) -> Settings:
-        tree = AiterTree(package_dir=self.package, target=target)
+    def version(self, version: str) -> None:
+        """Say which aiter this is, as setuptools_scm does (``aiter/_version.py``)."""
+        (self.package / "_version.py").write_text(f"__version__ = {version!r}\n")
+
+    def settings(
+        self, *, target: str = "gfx950:256", env: dict[str, str] | None = None, **options: object
+    ) -> Settings:
+        tree = AiterTree(package_dir=self.package, target=target, base_env=dict(env or {}))
         return Settings(
             slots_dir=self.slots,
             state_dir=self.state,
