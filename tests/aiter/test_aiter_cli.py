@@ -193,13 +193,17 @@ def test_explain_without_a_tree_names_the_module_from_the_text(tmp_path):
     ("text", "module"),
     [
         (
-            "kernel 'a8w8_blockscale_bpreshuffle_1x128x128_256x16x64x256_x' is not present in "
-            "the compiled registry",
+            (
+                "kernel 'a8w8_blockscale_bpreshuffle_1x128x128_256x16x64x256_x' is not present "
+                "in the compiled registry"
+            ),
             "module module_gemm_a8w8_blockscale_bpreshuffle (from the kernel-name prefix",
         ),
         (
-            "gemm_a4w4_blockscale kernel 'a4w4_blockscale_256x64x128x128_16x16_x' is not present "
-            "in the compiled registry",
+            (
+                "gemm_a4w4_blockscale kernel 'a4w4_blockscale_256x64x128x128_16x16_x' is not "
+                "present in the compiled registry"
+            ),
             "module module_gemm_a4w4_blockscale (from the message's source",
         ),
         (
@@ -241,11 +245,11 @@ def test_explain_a_kernel_id_miss_names_the_rows_and_says_it_cannot_be_verified(
 def test_plan_says_the_aiter_version_and_rule_set(tree):
     """The plan names the installed aiter's version and the rule set it followed; an unknown
     version falls back to the newest rules, said once."""
-    code, out = _run(tree, "plan")
+    _, out = _run(tree, "plan")
     assert "aiter version unknown, rules 2026-09-strip" in out
     assert 1 == out.count("using the newest known rules")
     (tree.package / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
-    code, out = _run(tree, "plan")
+    _, out = _run(tree, "plan")
     assert "aiter 0.1.21.dev46+ge4048607a5, rules 2026-04-rerun (chosen by version" in out
     assert "newest known" not in out
 
