@@ -43,27 +43,40 @@ class AITER_CONFIG:
 CORE_OLDER = """
 import os
 def update_config_files(file_path, merge_name):
+    path_list = file_path.split(os.pathsep) if file_path else []
+    df_list = [pd.read_csv(path_list[0])]
     return merge_df.sort_values("us").drop_duplicates(subset=keys, keep="first")
+"""
+CORE_UNKNOWN = """
+def update_config_files(file_path, merge_name):
+    return merge_in_memory([p for p in file_path.split(":") if os.path.exists(p)])
 """
 
 
 @pytest.mark.parametrize(
     ("text", "facts"),
     [
-        pytest.param(CORE_E4048607, (False, True), id="e4048607"),
-        pytest.param(CORE_LATER, (True, False), id="later"),
-        pytest.param(CORE_OLDER, (False, False), id="older"),
-        pytest.param(CORE_LATER + "\ndef broken(:\n", (True, False), id="text fallback"),
+        pytest.param(CORE_E4048607, (False, True, False), id="e4048607"),
+        pytest.param(CORE_LATER, (True, False, False), id="later"),
+        pytest.param(CORE_OLDER, (False, False, True), id="older"),
+        pytest.param(CORE_OLDER + "\ndef broken(:\n", (False, False, True), id="text fallback"),
         pytest.param(
-            'v = (os.environ.get("AITER_X") or "").strip()\n', (True, False), id="environ.get"
+            CORE_LATER + "\ndef broken(:\n", (True, False, False), id="text fallback strip"
         ),
-        pytest.param('v = (os.getenv("X") or "x").strip()\n', (False, False), id="other default"),
+        pytest.param(
+            'v = (os.environ.get("AITER_X") or "").strip()\n',
+            (True, False, False),
+            id="environ.get",
+        ),
+        pytest.param(
+            'v = (os.getenv("X") or "x").strip()\n', (False, False, False), id="other default"
+        ),
     ],
 )
 def test_code_facts_of_core_py(text, facts):
     """The markers are found with ast (or, when it does not parse, in the text)."""
     found = rules.code_facts(text)
-    assert facts == (found["strips_config_value"], found["rewrites_duplicates"])
+    assert facts == tuple(found[m] for m in rules.MARKERS)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +93,7 @@ def test_code_facts_of_core_py(text, facts):
         pytest.param("0.1.22", CORE_E4048607, AT_E4048607, "core.py", id="newer, old code"),
         pytest.param(None, CORE_OLDER, OLDER, "core.py", id="no version, code"),
         pytest.param("0.1.22", None, LATER, "newest", id="unknown version"),
+        pytest.param("0.1.22", CORE_UNKNOWN, LATER, "newest", id="unknown code"),
         pytest.param(None, None, LATER, "newest", id="nothing known"),
         pytest.param("banana", None, LATER, "newest", id="not a version"),
     ],
@@ -241,9 +255,11 @@ def test_core_py_is_read_as_text_and_a_fifo_is_never_opened(tmp_path):
     """core.py's facts come from its text; a FIFO in its place is noted, not read (no hang)."""
     pkg = _site(tmp_path)
     (pkg / "jit" / "core.py").write_text(CORE_LATER)
-    assert {"strips_config_value": True, "rewrites_duplicates": False} == (
-        installed.read_installed(pkg).facts
-    )
+    assert {
+        "strips_config_value": True,
+        "rewrites_duplicates": False,
+        "reads_first_path": False,
+    } == installed.read_installed(pkg).facts
     (pkg / "jit" / "core.py").unlink()
     os.mkfifo(pkg / "jit" / "core.py")
     found = installed.read_installed(pkg)

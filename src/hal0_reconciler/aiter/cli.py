@@ -161,7 +161,11 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
                 if res.route.compiled:
                     flag = "" if f.exists else " (missing)"
                     print(f"  table {f.path} [{f.origin}]{flag}", file=out)
+        told: set[str] = set()
         for src in p.sources:
+            if str(src.file.path) in told:  # one file read for two modules (ck and opus rows)
+                continue
+            told.add(str(src.file.path))
             if src.file.origin is resolve.Origin.FIXED and src.table is not None:
                 feeds = ", ".join(sorted(set(src.route.modules.values())))
                 print(f"  table {src.file.path} [{src.file.origin} -> {feeds}]", file=out)

@@ -39,7 +39,7 @@ class DedupMerge(enum.StrEnum):
     IN_MEMORY_WINNER = "in-memory-winner"
 
 
-MARKERS = ("strips_config_value", "rewrites_duplicates")
+MARKERS = ("strips_config_value", "rewrites_duplicates", "reads_first_path")
 """The core.py facts a rule set may name (``code_facts`` finds each)."""
 
 
@@ -248,6 +248,7 @@ _STRIP_TEXT = re.compile(
     r"\(\s*os\.(?:getenv|environ\.get)\([^()]*\)\s+or\s+(?:\"\"|'')\s*\)\.strip\(\)"
 )
 _RERUN_TEXT = re.compile(r"re-run", re.IGNORECASE)
+_FIRST_PATH_TEXT = re.compile(r"read_csv\(\s*path_list\[0\]\s*\)")
 
 
 def code_facts(text: str) -> dict[str, bool]:
@@ -259,16 +260,31 @@ def code_facts(text: str) -> dict[str, bool]:
             "strips_config_value": _STRIP_TEXT.search(text) is not None,
             "rewrites_duplicates": "update_config_files" in text
             and _RERUN_TEXT.search(text) is not None,
+            "reads_first_path": _FIRST_PATH_TEXT.search(text) is not None,
         }
+    merges = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == "update_config_files"
+    ]
     return {
         "strips_config_value": any(_is_stripped_getenv(n) for n in ast.walk(tree)),
-        "rewrites_duplicates": any(
-            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-            and n.name == "update_config_files"
-            and _raises_rerun(n)
-            for n in ast.walk(tree)
-        ),
+        "rewrites_duplicates": any(_raises_rerun(f) for f in merges),
+        "reads_first_path": any(_reads_first_path(f) for f in merges),
     }
+
+
+def _reads_first_path(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """``read_csv(<paths>[0])``: the merge reads the first path without checking it exists."""
+    return any(
+        isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("read_csv")
+        and node.args
+        and isinstance(node.args[0], ast.Subscript)
+        and isinstance(node.args[0].slice, ast.Constant)
+        and node.args[0].slice.value == 0
+        for node in ast.walk(func)
+    )
 
 
 def _is_stripped_getenv(node: ast.AST) -> bool:
