@@ -142,7 +142,9 @@ def module_needs(
     build for ``compiled`` provides, names looked up that no build row provides, broken rows.
     Rows losing the duplicate-shape merge (``losers``) and rows only compiled are not needed."""
     needs: dict[str, Needs] = {}
+    apart = lookup != compiled
     built_names: dict[str, set[str]] = {}
+    looked_up: list[tuple[tables.KernelRow, Reference]] = []
     for src in sources:
         if src.table is None:
             continue
@@ -155,22 +157,20 @@ def module_needs(
         for row in src.table.rows:
             if row.line in lost:
                 needs.setdefault(row.module, Needs()).merged_away += 1
-                continue
-            if row.on(compiled):
-                built_names.setdefault(row.module, set()).add(row.name)
-    for src in sources:
-        if src.table is None:
-            continue
-        lost = losers.get(src.file.path, frozenset())
-        for row in src.table.rows:
-            if row.line in lost or not row.on(lookup):
-                continue
-            need = needs.setdefault(row.module, Needs())
-            ref = Reference(src.file.path, row.line)
-            if row.name in built_names.get(row.module, set()):
-                need.names.setdefault(row.name, []).append(ref)
+            elif not apart:  # every row read is for the one target: looked up and compiled
+                ref = Reference(src.file.path, row.line)
+                needs.setdefault(row.module, Needs()).names.setdefault(row.name, []).append(ref)
             else:
-                need.unbuildable.setdefault(row.name, []).append(ref)
+                if row.on(compiled):
+                    built_names.setdefault(row.module, set()).add(row.name)
+                if row.on(lookup):
+                    looked_up.append((row, Reference(src.file.path, row.line)))
+    for row, ref in looked_up:
+        need = needs.setdefault(row.module, Needs())
+        if row.name in built_names.get(row.module, set()):
+            need.names.setdefault(row.name, []).append(ref)
+        else:
+            need.unbuildable.setdefault(row.name, []).append(ref)
     return needs
 
 

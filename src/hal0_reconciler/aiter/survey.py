@@ -28,6 +28,7 @@ from hal0_reconciler.slots import document, store
 
 _FileKey = tuple[str, tuple[int, int, int, int]]
 _TableKey = tuple[_FileKey, str, frozenset[tables.Target], tuple[str, ...]]
+_Merged = tuple[dict[PurePath, frozenset[int]], int]
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ class Surveyor:
             Path, tuple[tuple[object, ...], rules.Choice, installed.Installed]
         ] = {}
         self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
+        self._merges: dict[tuple[object, ...], _Merged] = {}
+        self._needs: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
+        self._needs_used: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
+        self._merges_used: dict[tuple[object, ...], _Merged] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
         self.last_slots: list[SlotEnv] = []
@@ -150,6 +155,8 @@ class Surveyor:
                 env_plan = self._plan_env(environment, rules, memory, used, modules_seen)
                 plans.append(env_plan)
         self._tables = used
+        self._merges, self._merges_used = self._merges_used, {}
+        self._needs, self._needs_used = self._needs_used, {}
         self.registry.forget_missing(modules_seen)
         return plans
 
@@ -216,9 +223,7 @@ class Surveyor:
                 if res.route.compiled:
                     sources.extend(read)
                 if keys:
-                    lost, in_dups = plan.merge_losers(
-                        [(s.file.path, s.table) for s in read if s.table is not None]
-                    )
+                    lost, in_dups = self._merge(read, (str(choice), *keys))
                     losers.update(lost)
                     problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
                 for reg in feeds:
@@ -262,6 +267,19 @@ class Surveyor:
             rules_note=chosen.note,
         )
 
+    def _merge(
+        self, read: list[plan.TableSource], context: tuple[str, ...]
+    ) -> tuple[dict[PurePath, frozenset[int]], int]:
+        """The duplicate-shape merge of ``read`` (in order), computed once per change of them
+        (``context``: the targets and key columns they were read for)."""
+        files = [(s.file.path, s.table) for s in read if s.table is not None]
+        key = (context, *((str(path), table.digest) for path, table in files))
+        found = self._merges.get(key)
+        if found is None:
+            found = plan.merge_losers(files)
+        self._merges_used[key] = found
+        return found
+
     def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
         """aiter's duplicate-merge keys: the untuned sibling's columns + cu_num + gfx; none
         (no merge) when the untuned file is absent."""
@@ -294,9 +312,17 @@ class Surveyor:
         modules_seen: list[Path],
     ) -> list[plan.ModulePlan]:
         """The verdict for every module the tables need, from what each ``.so`` registered."""
-        needs = plan.module_needs(
-            sources, lookup=choice.lookup, compiled=choice.compiled, losers=losers
+        key = (
+            str(choice),
+            *((str(s.file.path), s.route.stem, s.table.digest) for s in sources if s.table),
+            *sorted((str(p), tuple(sorted(lines))) for p, lines in losers.items()),
         )
+        needs = self._needs.get(key)
+        if needs is None:  # an unchanged tree costs no pass over its rows
+            needs = plan.module_needs(
+                sources, lookup=choice.lookup, compiled=choice.compiled, losers=losers
+            )
+        self._needs_used[key] = needs
         modules: list[plan.ModulePlan] = []
         for module in sorted(needs):
             so = jit / f"{module}.so"
