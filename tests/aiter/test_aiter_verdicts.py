@@ -266,3 +266,21 @@ def test_a_row_losing_the_duplicate_merge_is_not_missing(make_tree, built_module
     _duplicate_overlay(tree, slower=False)
     faster = monitor.AiterMonitor(tree.settings()).check(heal=False)
     assert [kernel] == [m.name for m in _modules(faster)[BPS_CK].missing]  # type: ignore[attr-defined]
+
+
+def test_environments_with_different_targets_keep_their_own_verdicts(make_tree, kfd_80):
+    """Two environments of one tree: the base looks up gfx942:80 rows, a slot with CU_NUM=304
+    looks up gfx942:304 rows (none in these tables); each keeps its own verdict, check after
+    check (what one check remembers for the next is per target)."""
+    tree = make_tree()
+    (tree.slots / "big.toml").write_text(
+        '[server]\nenv = { AITER_LOG_MORE = "0", CU_NUM = "304" }\n'
+    )
+    mon = monitor.AiterMonitor(tree.settings(target="auto", kfd_topology_dir=kfd_80))
+    for _ in range(2):
+        report = mon.check(heal=False)
+        by_env = {p.environment: (p.target, {m.module for m in p.modules}) for p in report.plans}
+        assert by_env["base"][0] == "gfx942:80"
+        assert by_env["slot:big"][0] == "gfx942:304"
+        assert BPS_CK in by_env["base"][1]
+        assert BPS_CK not in by_env["slot:big"][1]
