@@ -240,6 +240,12 @@ def test_explain_a_kernel_id_miss_names_the_rows_and_says_it_cannot_be_verified(
     assert f"named by {row[0].file.path}:{row[1].line}" in out
     assert "cannot be verified" in out
     assert "AITER_REBUILD=1" in out
+    assert "the last code generation" not in out  # no sidecar: no hint
+    sidecar = tree.jit / "build" / "compiled_kids_opus.json"
+    sidecar.write_text(json.dumps([int(row[1].name) + 1]))
+    assert f"did NOT list id {row[1].name} in {sidecar}" in _run(tree, "explain", text)[1]
+    sidecar.write_text(json.dumps([int(row[1].name)]))
+    assert f"listed id {row[1].name} in {sidecar} (a hint" in _run(tree, "explain", text)[1]
 
 
 def test_plan_says_the_aiter_version_and_rule_set(tree):

@@ -44,7 +44,7 @@ def test_plan_gives_the_verdict_per_module(stale_tree):
     assert _verdicts(report) == {
         BPS_CK: ("covered", "none"),
         BPS_CKTILE: ("uncovered", "heal"),
-        OPUS: ("unverifiable", "none"),  # the committed bf16 table's opus rows
+        OPUS: ("not-built", "none"),  # the committed bf16 table's opus rows
     }
     (base,) = report.plans
     (cktile,) = [m for m in base.modules if m.module == BPS_CKTILE]
@@ -247,7 +247,7 @@ def test_slot_env_with_aiter_variable_is_its_own_environment(stale_tree, tmp_pat
     slot = report.plans[1]
     assert {m.module: (str(m.status), str(m.action)) for m in slot.modules} == {
         BPS_CK: ("uncovered", "heal"),
-        OPUS: ("unverifiable", "none"),
+        OPUS: ("not-built", "none"),
     }
     unreadable = [e for e in logs if e["event"] == "aiter.slot_unreadable"]
     assert ["broken", "fifo"] == sorted(str(e.get("slot")) for e in unreadable)

@@ -279,6 +279,13 @@ def decide(
         )
 
     lookup_only = tuple(Missing(n, tuple(r)) for n, r in sorted(needs.unbuildable.items()))
+    if keyed is routing.Keyed.ID and not facts.exists:
+        return verdict(
+            Status.NOT_BUILT,
+            Action.NONE,
+            "not built yet: aiter builds it from the current tables on first use (by kernel "
+            "id, which the file does not show afterwards either)",
+        )
     if keyed is routing.Keyed.ID:
         return verdict(
             Status.UNVERIFIABLE,

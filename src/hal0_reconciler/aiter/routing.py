@@ -42,6 +42,7 @@ class IdRegistry:
     route: TableRoute  # reads the ids: keyed ID, columns = the id columns, modules = {libtype}
     tables: tuple[str, ...]
     files: tuple[str, ...]
+    sidecar: str = ""  # JSON list of the ids the last code generation compiled (a hint only)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def _registry(module: str, raw: Any, stems: set[str], *, where: str) -> IdRegist
     where = f"{where}.{module}"
     if not isinstance(raw, dict) or not module.startswith("module_"):
         raise RoutingError(f"{where} must be a table named after a module_* name")
-    unknown = set(raw) - {"libtype", "columns", "tables", "files"}
+    unknown = set(raw) - {"libtype", "columns", "tables", "files", "sidecar"}
     if unknown:
         raise RoutingError(f"{where}: unknown key {min(unknown)!r}")
     libtype = raw.get("libtype")
@@ -152,6 +153,9 @@ def _registry(module: str, raw: Any, stems: set[str], *, where: str) -> IdRegist
         raise RoutingError(f"{where}.tables: {min(unknown_tables)!r} is not a table")
     if any(f.startswith("/") or ".." in f.split("/") for f in lists["files"]):
         raise RoutingError(f"{where}.files must be relative to configs/")
+    sidecar = raw.get("sidecar", "")
+    if not isinstance(sidecar, str) or sidecar.startswith("/") or ".." in sidecar.split("/"):
+        raise RoutingError(f"{where}.sidecar must be a path relative to the JIT folder")
     route = TableRoute(
         stem=module,
         variable="",
@@ -159,7 +163,7 @@ def _registry(module: str, raw: Any, stems: set[str], *, where: str) -> IdRegist
         columns=lists["columns"],
         modules={libtype: module},
     )
-    return IdRegistry(module, route, lists["tables"], lists["files"])
+    return IdRegistry(module, route, lists["tables"], lists["files"], sidecar)
 
 
 def _route(stem: str, raw: Any, *, where: str) -> TableRoute:
