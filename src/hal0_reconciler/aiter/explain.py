@@ -111,10 +111,11 @@ def _print_miss(miss: _Miss, out: TextIO) -> None:
         print(f"  the message names table {miss.table_hint}", file=out)
     if opus:
         print(
-            "  opus kernels are registered by integer id, so whether a module holds an id cannot "
-            "be verified from the file. If the tables are newer than the module, a rebuild from them "
-            "adds the id; if this aiter's opus generator does not know the id (e.g. a flatmm id "
-            "from an older tuning run), no rebuild adds it: re-tune the shape or delete the row",
+            "  opus kernels are registered by integer id, so whether a module holds an id "
+            "cannot be verified from the file. If the tables are newer than the module, a "
+            "rebuild from them adds the id; if this aiter's opus generator does not know the id "
+            "(e.g. a flatmm id from an older tuning run), no rebuild adds it: re-tune the shape "
+            "or delete the row",
             file=out,
         )
 
