@@ -269,13 +269,12 @@ def test_a_row_losing_the_duplicate_merge_is_not_missing(make_tree, built_module
 
 
 def test_environments_with_different_targets_keep_their_own_verdicts(make_tree, kfd_80):
-    """Two environments of one tree: the base looks up gfx942:80 rows, a slot with CU_NUM=304
-    looks up gfx942:304 rows (none in these tables); each keeps its own verdict, check after
-    check (what one check remembers for the next is per target)."""
+    """Two environments of one tree: the base looks up gfx942:80 rows, a slot setting only
+    CU_NUM=304 (no AITER_* variable: still its own environment) looks up gfx942:304 rows (none
+    in these tables); each keeps its own verdict, check after check (what one check remembers
+    for the next is per target)."""
     tree = make_tree()
-    (tree.slots / "big.toml").write_text(
-        '[server]\nenv = { AITER_LOG_MORE = "0", CU_NUM = "304" }\n'
-    )
+    (tree.slots / "big.toml").write_text('[server]\nenv = { CU_NUM = "304" }\n')
     mon = monitor.AiterMonitor(tree.settings(target="auto", kfd_topology_dir=kfd_80))
     for _ in range(2):
         report = mon.check(heal=False)

@@ -83,14 +83,20 @@ def rules_text() -> str:
     )
 
 
+TARGET_VARIABLES = frozenset({"GPU_ARCHS", "CU_NUM"})
+"""Variables that change which rows aiter compiles or looks up (besides ``AITER_*``)."""
+
+
 def environments(tree: AiterTree, slots: list[SlotEnv]) -> list[Environment]:
-    """The base environment plus each slot whose env sets an ``AITER_*`` variable (over base)."""
+    """The base environment plus each slot whose env sets an ``AITER_*`` variable, ``GPU_ARCHS``
+    or ``CU_NUM`` (over base)."""
     envs = [Environment(tree, "base", dict(tree.base_env))]
     if tree.slot_envs:
         envs.extend(
             Environment(tree, f"slot:{slot.name}", {**tree.base_env, **slot.env})
             for slot in slots
-            if slot.env is not None and any(k.startswith("AITER_") for k in slot.env)
+            if slot.env is not None
+            and any(k.startswith("AITER_") or k in TARGET_VARIABLES for k in slot.env)
         )
     return envs
 
