@@ -1,8 +1,10 @@
 """Just enough of a TOML scanner to edit one key in place.  [pure]
 
-It finds every table header and every top-level `key = value` statement of a valid document,
-with the offsets an edit needs, stepping over multi-line strings, multi-line arrays and inline
-tables so that text which merely looks like a key inside a value is never taken for one.
+It finds every table header, every `key = value` statement and every inline table of a valid
+document, with the offsets an edit needs: statements on lines of their own, and the key/value
+pairs inside inline tables (which may nest). It steps over multi-line strings and arrays, so text
+that merely looks like a key inside a value is never taken for one. Inline tables inside arrays
+are stepped over too: their tables have no path an edit could name.
 """
 
 from __future__ import annotations
@@ -26,17 +28,40 @@ class Header:
 
 @dataclass(frozen=True)
 class Entry:
-    """One `key = value` statement, with the offsets an edit needs."""
+    """One `key = value` pair, with the offsets an edit needs."""
 
-    table: tuple[str, ...]  # the table the key lands in: header path + dotted-key prefix
+    table: tuple[str, ...]  # the table the key lands in: `base` + the dotted-key prefix
+    base: tuple[str, ...]  # the table its container defines: a header's path, an inline table's
     key: str  # the last part of the key, decoded
-    line_start: int  # start of its first physical line
-    stmt_start: int  # after the indentation
-    key_start: int  # span of the last key part as written
-    key_end: int
+    inline: int | None  # offset of the `{` of the inline table it sits in; None: its own line
+    line_start: int  # start of its first physical line (inline: = stmt_start)
+    stmt_start: int  # where its key starts
+    key_spans: tuple[tuple[int, int], ...]  # each key part as written
     value_start: int
     value_end: int
-    line_end: int  # after the line ending of its last line (or the end of the document)
+    line_end: int  # after the line ending of its last line, or EOF (inline: = value_end)
+
+    @property
+    def key_start(self) -> int:
+        return self.key_spans[-1][0]
+
+    @property
+    def key_end(self) -> int:
+        return self.key_spans[-1][1]
+
+
+@dataclass(frozen=True)
+class InlineTable:
+    path: tuple[str, ...]  # the table it defines
+    start: int  # offset of `{`
+    end: int  # offset of `}`
+
+
+@dataclass(frozen=True)
+class Scan:
+    headers: tuple[Header, ...]
+    entries: tuple[Entry, ...]  # in the order their values end (inner pairs before outer ones)
+    inlines: tuple[InlineTable, ...]
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -45,53 +70,36 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TIME_AFTER_SPACE = re.compile(r" \d{2}:")
 
 
-def statements(text: str) -> tuple[list[Header], list[Entry]]:
-    """Every table header and every top-level key/value statement of a valid TOML document."""
-    scan = _Scanner(text)
+def scan(text: str) -> Scan:
+    """Every table header, key/value pair and inline table of a valid TOML document."""
+    scanner = _Scanner(text)
     headers: list[Header] = []
-    entries: list[Entry] = []
-    current: tuple[str, ...] = ()
-    while scan.pos < len(text):
-        line_start = scan.pos
-        scan.skip_spaces()
-        stmt_start = scan.pos
-        if scan.at("["):
-            array = scan.at("[[")
-            scan.pos += 2 if array else 1
-            current, _ = scan.key()
-            scan.expect("]]" if array else "]")
-            headers.append(Header(current, array, line_start, scan.end_of_line()))
-        elif scan.pos < len(text) and text[scan.pos] not in "#\r\n":
-            parts, (key_start, key_end) = scan.key()
-            scan.expect("=")
-            scan.skip_spaces()
-            value_start = scan.pos
-            scan.value()
-            value_end = scan.pos
-            entries.append(
-                Entry(
-                    table=current + parts[:-1],
-                    key=parts[-1],
-                    line_start=line_start,
-                    stmt_start=stmt_start,
-                    key_start=key_start,
-                    key_end=key_end,
-                    value_start=value_start,
-                    value_end=value_end,
-                    line_end=scan.end_of_line(),
-                )
-            )
+    current: tuple[str, ...] | None = ()  # None: in an array of tables, which has no path
+    while scanner.pos < len(text):
+        line_start = scanner.pos
+        scanner.skip_spaces()
+        if scanner.at("["):
+            array = scanner.at("[[")
+            scanner.pos += 2 if array else 1
+            path, _ = scanner.key()
+            scanner.expect("]]" if array else "]")
+            headers.append(Header(path, array, line_start, scanner.end_of_line()))
+            current = None if array else path
+        elif scanner.pos < len(text) and text[scanner.pos] not in "#\r\n":
+            scanner.pair(current, inline=None, line_start=line_start)
         else:
-            scan.end_of_line()
-    return headers, entries
+            scanner.end_of_line()
+    return Scan(tuple(headers), tuple(scanner.entries), tuple(scanner.inlines))
 
 
 class _Scanner:
-    """A cursor over TOML text that steps over keys and values without interpreting them."""
+    """A cursor over TOML text that steps over keys and values, noting where pairs are."""
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
+        self.entries: list[Entry] = []
+        self.inlines: list[InlineTable] = []
 
     def at(self, token: str) -> bool:
         return self.text.startswith(token, self.pos)
@@ -134,9 +142,37 @@ class _Scanner:
             raise CannotEdit(f"unexpected text at offset {self.pos} (wanted a line end)")
         return self.pos
 
-    def key(self) -> tuple[tuple[str, ...], tuple[int, int]]:
-        """A (dotted) key: its decoded parts and the span of its last part."""
+    def pair(self, base: tuple[str, ...] | None, *, inline: int | None, line_start: int) -> None:
+        """One `key = value`; noted when `base` (the container's table path) is known."""
+        stmt_start = self.pos
+        parts, spans = self.key()
+        self.expect("=")
+        self.skip_spaces()
+        value_start = self.pos
+        self.value(None if base is None else base + parts)
+        value_end = self.pos
+        line_end = self.end_of_line() if inline is None else value_end
+        if base is None:
+            return
+        self.entries.append(
+            Entry(
+                table=base + parts[:-1],
+                base=base,
+                key=parts[-1],
+                inline=inline,
+                line_start=line_start,
+                stmt_start=stmt_start,
+                key_spans=spans,
+                value_start=value_start,
+                value_end=value_end,
+                line_end=line_end,
+            )
+        )
+
+    def key(self) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
+        """A (dotted) key: its decoded parts and the span of each part as written."""
         parts: list[str] = []
+        spans: list[tuple[int, int]] = []
         while True:
             self.skip_spaces()
             start = self.pos
@@ -152,21 +188,22 @@ class _Scanner:
                     raise CannotEdit(f"no key at offset {self.pos}")
                 self.pos = match.end()
                 parts.append(match.group())
-            span = (start, self.pos)
+            spans.append((start, self.pos))
             self.skip_spaces()
             if not self.at("."):
-                return tuple(parts), span
+                return tuple(parts), tuple(spans)
             self.pos += 1
 
-    def value(self) -> None:
+    def value(self, path: tuple[str, ...] | None) -> None:
+        """Step over one value; `path` names the table it defines if it is an inline table."""
         if self.at('"""') or self.at("'''"):
             self.multi_line_string(self.text[self.pos : self.pos + 3])
         elif self.at('"') or self.at("'"):
             self.single_line_string(self.text[self.pos])
         elif self.at("["):
-            self.collection("]", keyed=False)
+            self.array()
         elif self.at("{"):
-            self.collection("}", keyed=True)
+            self.inline_table(path)
         else:
             self.scalar()
 
@@ -201,24 +238,37 @@ class _Scanner:
                 self.pos += 1
         raise CannotEdit("unterminated multi-line string")
 
-    def collection(self, closer: str, *, keyed: bool) -> None:
-        """An array (`keyed=False`) or an inline table, over as many lines as it takes."""
+    def array(self) -> None:
+        """An array over as many lines as it takes; the tables in it have no path."""
         self.pos += 1
         while True:
             self.skip_blank()
-            if self.at(closer):
+            if self.at("]"):
                 self.pos += 1
                 return
             if self.at(","):
                 self.pos += 1
                 continue
             if self.pos >= len(self.text):
-                raise CannotEdit("unterminated array or inline table")
-            if keyed:
-                self.key()
-                self.expect("=")
-                self.skip_spaces()
-            self.value()
+                raise CannotEdit("unterminated array")
+            self.value(None)
+
+    def inline_table(self, path: tuple[str, ...] | None) -> None:
+        start = self.pos
+        self.pos += 1
+        while True:
+            self.skip_blank()
+            if self.at("}"):
+                if path is not None:
+                    self.inlines.append(InlineTable(path, start, self.pos))
+                self.pos += 1
+                return
+            if self.at(","):
+                self.pos += 1
+                continue
+            if self.pos >= len(self.text):
+                raise CannotEdit("unterminated inline table")
+            self.pair(path, inline=start, line_start=self.pos)
 
     def scalar(self) -> None:
         """A number, boolean or date-time (which may hold one space: `1979-05-27 07:32:00`)."""
