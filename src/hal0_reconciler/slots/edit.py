@@ -124,7 +124,7 @@ def _parses_to(text: str, expected: dict[str, Any]) -> bool:
 def _dump(expected: dict[str, Any], note: str) -> str:
     try:
         text = tomli_w.dumps(expected)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise errors.EditRefused(f"{note}, and tomli_w cannot write the document: {exc}") from exc
     if not _parses_to(text, expected):
         raise errors.EditRefused(f"{note}, and tomli_w's rewrite does not re-parse identically")
@@ -180,9 +180,9 @@ def _removal(text: str, found: _tomlscan.Scan, entry: _tomlscan.Entry) -> tuple[
     at = siblings.index(entry)
     if at + 1 < len(siblings):  # `backend = "x", ` up to the next pair
         return (entry.stmt_start, siblings[at + 1].stmt_start, "")
-    if at > 0:  # the last pair: from the end of the one before, its comma included
-        return (siblings[at - 1].value_end, entry.value_end, "")
-    return (entry.stmt_start, entry.value_end, "")
+    # the last pair (`device` is in the same inline table, before it): from the end of the pair
+    # before it, the comma included
+    return (siblings[at - 1].value_end, entry.value_end, "")
 
 
 def _line_removal(text: str, entry: _tomlscan.Entry) -> tuple[int, int, str]:
