@@ -467,6 +467,27 @@ def test_a_document_tomli_w_cannot_write_is_refused(monkeypatch: pytest.MonkeyPa
         edit.set_device('slot.device.lane = "vulkan"\n', table=("slot",), new="cpu")
 
 
+def test_nesting_as_deep_as_tomllib_reads_is_still_edited_in_place() -> None:
+    """The scanner loops over a stack, so depth costs no fallback (450 arrays, 300 tables)."""
+    arrays, tables = "[" * 450 + "]" * 450, "{ a = " * 300 + "1" + " }" * 300
+    text = f"# deep\nx = {arrays}\nslot = {{ t = {tables}, device = 'gpu-vulkan' }}\n"
+    result = edit.set_device(text, table=("slot",), new="cpu")
+    assert (text.replace("'gpu-vulkan'", "'cpu'"), True) == (result.text, result.byte_minimal)
+
+
+def test_a_document_too_deep_for_tomli_w_is_refused_not_crashed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fallback tomli_w cannot write for depth is a refusal (EditRefused), not a crash."""
+
+    def too_deep(data: object) -> str:
+        raise RecursionError
+
+    monkeypatch.setattr(edit.tomli_w, "dumps", too_deep)
+    with pytest.raises(errors.EditRefused, match="tomli_w"):
+        edit.set_device('slot.device.lane = "x"\n', table=("slot",), new="cpu")
+
+
 @pytest.mark.parametrize(
     ("text", "table"),
     [

@@ -9,6 +9,7 @@ are stepped over too: their tables have no path an edit could name.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def scan(text: str) -> Scan:
             headers.append(Header(path, array, line_start, scanner.end_of_line()))
             current = None if array else path
         elif scanner.pos < len(text) and text[scanner.pos] not in "#\r\n":
-            scanner.pair(current, inline=None, line_start=line_start)
+            scanner.pair(current, line_start=line_start)
         else:
             scanner.end_of_line()
     return Scan(tuple(headers), tuple(scanner.entries), tuple(scanner.inlines))
@@ -121,7 +122,7 @@ class _Scanner:
             self.pos = end - 1 if self.text[end - 1 : end] == "\r" else end
 
     def skip_blank(self) -> None:
-        """Spaces, line endings and comments (inside arrays and inline tables)."""
+        """Spaces, line endings and comments (inside inline tables)."""
         while True:
             start = self.pos
             while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
@@ -142,32 +143,84 @@ class _Scanner:
             raise CannotEdit(f"unexpected text at offset {self.pos} (wanted a line end)")
         return self.pos
 
-    def pair(self, base: tuple[str, ...] | None, *, inline: int | None, line_start: int) -> None:
-        """One `key = value`; noted when `base` (the container's table path) is known."""
+    def pair(self, base: tuple[str, ...] | None, *, line_start: int) -> None:
+        """One `key = value` statement on its own line(s), noted when its table has a path."""
         stmt_start = self.pos
         parts, spans = self.key()
         self.expect("=")
         self.skip_spaces()
         value_start = self.pos
-        self.value(None if base is None else base + parts)
+        if base is not None and self.at("{"):
+            self.inline_tables(base + parts)
+        else:
+            self.value()
         value_end = self.pos
-        line_end = self.end_of_line() if inline is None else value_end
-        if base is None:
-            return
-        self.entries.append(
-            Entry(
-                table=base + parts[:-1],
-                base=base,
-                key=parts[-1],
-                inline=inline,
-                line_start=line_start,
-                stmt_start=stmt_start,
-                key_spans=spans,
-                value_start=value_start,
-                value_end=value_end,
-                line_end=line_end,
+        line_end = self.end_of_line()
+        if base is not None:
+            self.entries.append(
+                Entry(
+                    table=base + parts[:-1],
+                    base=base,
+                    key=parts[-1],
+                    inline=None,
+                    line_start=line_start,
+                    stmt_start=stmt_start,
+                    key_spans=spans,
+                    value_start=value_start,
+                    value_end=value_end,
+                    line_end=line_end,
+                )
             )
-        )
+
+    def inline_tables(self, path: tuple[str, ...]) -> None:
+        """An inline table defining `path`, and every inline table nested in it, noting each
+        pair. A loop with a stack of the open tables, not recursion: nesting depth is no limit.
+        """
+        opened: list[tuple[InlineTable, Entry | None]] = []  # each with the pair it is the value of
+        table, pair = InlineTable(path, self.pos, -1), None
+        self.pos += 1
+        while True:
+            self.skip_blank()
+            if self.at("}"):
+                self.inlines.append(dataclasses.replace(table, end=self.pos))
+                self.pos += 1
+                if pair is not None:
+                    self.entries.append(
+                        dataclasses.replace(pair, value_end=self.pos, line_end=self.pos)
+                    )
+                if not opened:
+                    return
+                table, pair = opened.pop()
+            elif self.at(","):
+                self.pos += 1
+            elif self.pos >= len(self.text):
+                raise CannotEdit("unterminated inline table")
+            else:
+                stmt_start = self.pos
+                parts, spans = self.key()
+                self.expect("=")
+                self.skip_spaces()
+                found = Entry(
+                    table=table.path + parts[:-1],
+                    base=table.path,
+                    key=parts[-1],
+                    inline=table.start,
+                    line_start=stmt_start,
+                    stmt_start=stmt_start,
+                    key_spans=spans,
+                    value_start=self.pos,
+                    value_end=-1,
+                    line_end=-1,
+                )
+                if self.at("{"):
+                    opened.append((table, pair))
+                    table, pair = InlineTable(table.path + parts, self.pos, -1), found
+                    self.pos += 1
+                else:
+                    self.value()
+                    self.entries.append(
+                        dataclasses.replace(found, value_end=self.pos, line_end=self.pos)
+                    )
 
     def key(self) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
         """A (dotted) key: its decoded parts and the span of each part as written."""
@@ -194,16 +247,14 @@ class _Scanner:
                 return tuple(parts), tuple(spans)
             self.pos += 1
 
-    def value(self, path: tuple[str, ...] | None) -> None:
-        """Step over one value; `path` names the table it defines if it is an inline table."""
+    def value(self) -> None:
+        """Step over one value, noting nothing in it."""
         if self.at('"""') or self.at("'''"):
             self.multi_line_string(self.text[self.pos : self.pos + 3])
         elif self.at('"') or self.at("'"):
             self.single_line_string(self.text[self.pos])
-        elif self.at("["):
-            self.array()
-        elif self.at("{"):
-            self.inline_table(path)
+        elif self.at("[") or self.at("{"):
+            self.collection()
         else:
             self.scalar()
 
@@ -238,37 +289,26 @@ class _Scanner:
                 self.pos += 1
         raise CannotEdit("unterminated multi-line string")
 
-    def array(self) -> None:
-        """An array over as many lines as it takes; the tables in it have no path."""
-        self.pos += 1
+    def collection(self) -> None:
+        """An array or inline table, over as many lines as it takes, however deeply nested (a
+        loop, not recursion). Nothing in it is noted: the tables in an array have no path.
+        """
+        depth = 0
         while True:
-            self.skip_blank()
-            if self.at("]"):
-                self.pos += 1
-                return
-            if self.at(","):
-                self.pos += 1
-                continue
             if self.pos >= len(self.text):
-                raise CannotEdit("unterminated array")
-            self.value(None)
-
-    def inline_table(self, path: tuple[str, ...] | None) -> None:
-        start = self.pos
-        self.pos += 1
-        while True:
-            self.skip_blank()
-            if self.at("}"):
-                if path is not None:
-                    self.inlines.append(InlineTable(path, start, self.pos))
+                raise CannotEdit("unterminated array or inline table")
+            if self.at('"""') or self.at("'''"):
+                self.multi_line_string(self.text[self.pos : self.pos + 3])
+            elif self.at('"') or self.at("'"):
+                self.single_line_string(self.text[self.pos])
+            elif self.at("#"):
+                self.skip_comment()
+            else:  # brackets, commas, `=`, dots, bare keys and scalars: a character at a time
+                char = self.text[self.pos]
                 self.pos += 1
-                return
-            if self.at(","):
-                self.pos += 1
-                continue
-            if self.pos >= len(self.text):
-                raise CannotEdit("unterminated inline table")
-            self.pair(path, inline=start, line_start=self.pos)
+                depth += (char in "[{") - (char in "]}")
+                if depth == 0:
+                    return
 
     def scalar(self) -> None:
         """A number, boolean or date-time (which may hold one space: `1979-05-27 07:32:00`)."""

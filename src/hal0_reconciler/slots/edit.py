@@ -30,7 +30,6 @@ byte-minimal.
 
 from __future__ import annotations
 
-import copy
 import re
 import tomllib
 from dataclasses import dataclass
@@ -57,21 +56,19 @@ def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
     """Set `device = new` in `table` (`()` is the root) and drop `backend` from that table.
 
     Text that already says so is returned unchanged. Raises EditRefused when the text is not
-    TOML, the table does not exist, or no rewrite can be verified.
+    TOML, the table does not exist, or no rewrite can be verified. Pure: a dry run calls it to
+    learn beforehand whether the write would be byte-minimal (and why not).
     """
     old = _load(text)
-    expected = copy.deepcopy(old)
-    target = _table(expected, table)
-    target["device"] = new
-    target.pop("backend", None)
-    if _same(old, expected):
+    target = _table(old, table)
+    current = target.get("device")
+    if isinstance(current, str) and current == new and "backend" not in target:
         return EditResult(text, byte_minimal=True)
+    expected = _with_device(old, table, new)
     try:
         candidate = _rewrite(text, table, new)
     except _tomlscan.CannotEdit as exc:
         note = str(exc)
-    except RecursionError:
-        note = "values nested too deeply to scan"
     else:
         if _parses_to(candidate, expected):
             return EditResult(candidate, byte_minimal=True)
@@ -101,17 +98,39 @@ def _dotted(path: tuple[str, ...]) -> str:
     return ".".join(path)
 
 
+def _with_device(data: dict[str, Any], path: tuple[str, ...], new: str) -> dict[str, Any]:
+    """`data` with device set and backend dropped in the table at `path` (copied on the way)."""
+    copied = dict(data)
+    node = copied
+    for key in path:
+        node[key] = dict(node[key])
+        node = node[key]
+    node["device"] = new
+    node.pop("backend", None)
+    return copied
+
+
 def _same(a: Any, b: Any) -> bool:
-    """Equality of parsed TOML that also tells 1 from 1.0 from true, and nan from nan."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float):
-        return repr(a) == repr(b)
-    return bool(a == b)
+    """Equality of parsed TOML that also tells 1 from 1.0 from true, and nan from nan.
+
+    A loop over a stack, not recursion: any nesting that tomllib parsed can be compared.
+    """
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            if x.keys() != y.keys():
+                return False
+            pending.extend((x[key], y[key]) for key in x)
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif (repr(x) != repr(y)) if isinstance(x, float) else (x != y):
+            return False
+    return True
 
 
 def _parses_to(text: str, expected: dict[str, Any]) -> bool:
