@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import tomli_w
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hal0_reconciler import errors
@@ -794,6 +795,91 @@ def test_any_document_and_any_label_round_trip(data: dict[str, Any], new: str) -
     )
     doc = document.parse_slot(result.text, stem="s")
     assert (new, None) == (doc.raw_device, doc.backend)
+
+
+TOML_SCALARS = st.one_of(
+    st.integers(),
+    st.text(max_size=8),
+    st.booleans(),
+    st.floats(),
+    st.datetimes(),
+    st.dates(),
+)
+TOML_VALUES = st.recursive(
+    TOML_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _toml_inline(value: Any) -> str:
+    """`value` written on one pair's right-hand side (tables as inline tables)."""
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{_toml_key(k)} = {_toml_inline(v)}" for k, v in value.items()) + " }"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_inline(item) for item in value) + "]"
+    return tomli_w.dumps({"v": value})[len("v = ") :].rstrip("\n")
+
+
+def _toml_key(key: str) -> str:
+    return tomli_w.dumps({key: 1})[: -len(" = 1\n")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    others=st.dictionaries(st.text(max_size=5), TOML_VALUES, max_size=4),
+    fields=st.dictionaries(
+        st.text(max_size=5).filter(lambda key: key not in {"device", "backend"}),
+        TOML_VALUES,
+        max_size=3,
+    ),
+    label=st.sampled_from([{"device": "gpu-vulkan"}, {"backend": "vulkan"}, {}])
+    | st.fixed_dictionaries({"device": TOML_VALUES, "backend": TOML_VALUES}),
+    shape=st.sampled_from(["table", "inline", "dotted"]),
+    new=st.text(max_size=10),
+)
+def test_any_document_in_any_shape_and_any_label_is_edited_in_place(
+    others: dict[str, Any], fields: dict[str, Any], label: dict[str, Any], shape: str, new: str
+) -> None:
+    """Whatever values (any nesting, nan, dates, odd keys) surround it, and whatever the label,
+    the slot table is edited in place, and nothing before or after its text changes."""
+    others.pop("slot", None)
+    rest = tomli_w.dumps(others)
+    tables = re.search(r"^\[", rest, re.MULTILINE)
+    head, tail = (rest[: tables.start()], rest[tables.start() :]) if tables else (rest, "")
+    if shape == "table":  # tomli_w writes the fields (sub-tables too), the label goes first
+        written = tomli_w.dumps({"slot": fields}).removeprefix("[slot]\n")
+        slot = "[slot]\n" + "".join(f"{k} = {_toml_inline(v)}\n" for k, v in label.items())
+        slot += written + "\n"
+    elif shape == "inline":
+        slot = f"slot = {_toml_inline({**fields, **label})}\n"
+    else:
+        pairs_ = {**fields, **label}.items()
+        slot = "".join(f"slot.{_toml_key(k)} = {_toml_inline(v)}\n" for k, v in pairs_)
+        slot = slot or "slot = {}\n"
+    text = head + slot + tail
+    assume(_parses(text))
+
+    result = edit.set_device(text, table=("slot",), new=new)
+    assert (True, None) == (result.byte_minimal, result.note)
+    assert expected_after(text, ("slot",), new) == tomllib.loads(result.text)
+    start, end, _ = _changed_span(text, result.text)
+    assert len(head) <= start <= end <= len(head) + len(slot)
+    assert edit.EditResult(result.text, True, None) == edit.set_device(
+        result.text, table=("slot",), new=new
+    )
+
+
+def _parses(text: str) -> bool:
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
 
 
 # --- generated files in every shape ---------------------------------------------------------
