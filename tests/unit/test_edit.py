@@ -178,6 +178,12 @@ SHAPES = [
         "name = 'a'\ndevice = 'gpu-rocm' # legacy\n",
         id="flat/backend-only",
     ),
+    pytest.param(
+        'device = "gpu-rocm"\nbackend = "vulkan"\n',
+        (),
+        'device = "gpu-rocm"\n',
+        id="flat/right-label-but-a-backend-left",
+    ),
     # [slot] table
     pytest.param(
         '[slot]\r\nbackend = "vulkan"\r\n  device = "gpu-vulkan" # d\r\n',
@@ -215,6 +221,12 @@ SHAPES = [
         ("slot",),
         'slot = { name = "a", device = "gpu-rocm" } # no device yet\n',
         id="inline/neither-appended",
+    ),
+    pytest.param(
+        'slot = { name = "a", env = { x = 1 }, port = 1 }\n',
+        ("slot",),
+        'slot = { name = "a", env = { x = 1 }, port = 1, device = "gpu-rocm" }\n',
+        id="inline/neither-after-the-last-pair",
     ),
     pytest.param("slot = {}\n", ("slot",), 'slot = {device = "gpu-rocm"}\n', id="inline/empty"),
     pytest.param(
@@ -526,6 +538,12 @@ def test_text_already_carrying_the_label_is_returned_unchanged() -> None:
         pytest.param('"x"', 'a"b\\c', '"a\\"b\\\\c"', id="escapes"),
         pytest.param("'x'", "tab\there", "'tab\there'", id="tab-in-literal"),
         pytest.param('"x"', "line\nbreak\x7f", '"line\\nbreak\\u007f"', id="control-characters"),
+        pytest.param("'''x'''", "it's", '"""it\'s"""', id="apostrophe-leaves-multi-line-literal"),
+        pytest.param("'''\nx'''", "a\tb", "'''\na\tb'''", id="tab-in-multi-line-literal"),
+        pytest.param(
+            '"""\r\nx"""', 'end"""\n', '"""\r\nend\\"\\"\\"\\n"""', id="escapes-in-multi-line-basic"
+        ),
+        pytest.param("'''x'''", "", "''''''", id="empty-multi-line-literal"),
     ],
 )
 def test_new_values_are_quoted_safely(written: str, new: str, expected: str) -> None:
@@ -613,7 +631,7 @@ DECOY_BLOCKS = [
     ["memo = '''", "device = 'gpu-vulkan'", "[[slot]]", "'''"],
     [
         "args = [",
-        '  "--device",  # device = "gpu-vulkan"',
+        '  "--device",  # ] device = "gpu-vulkan"',
         '  "device = \\"gpu-vulkan\\"",',
         "  [ 'x' ],",
         "]",

@@ -2,9 +2,11 @@
 
 It finds every table header, every `key = value` statement and every inline table of a valid
 document, with the offsets an edit needs: statements on lines of their own, and the key/value
-pairs inside inline tables (which may nest). It steps over multi-line strings and arrays, so text
-that merely looks like a key inside a value is never taken for one. Inline tables inside arrays
-are stepped over too: their tables have no path an edit could name.
+pairs inside inline tables (which may nest). It steps over strings and arrays, so text that
+merely looks like a key inside a value is never taken for one. Inline tables inside arrays are
+stepped over too: their tables have no path an edit could name. (Paths under an array of
+tables are noted as if it were one table; the editor never asks for one, as its target must be
+a table all the way down.)
 """
 
 from __future__ import annotations
@@ -75,17 +77,16 @@ def scan(text: str) -> Scan:
     """Every table header, key/value pair and inline table of a valid TOML document."""
     scanner = _Scanner(text)
     headers: list[Header] = []
-    current: tuple[str, ...] | None = ()  # None: in an array of tables, which has no path
+    current: tuple[str, ...] = ()
     while scanner.pos < len(text):
         line_start = scanner.pos
         scanner.skip_spaces()
         if scanner.at("["):
             array = scanner.at("[[")
             scanner.pos += 2 if array else 1
-            path, _ = scanner.key()
+            current, _ = scanner.key()
             scanner.expect("]]" if array else "]")
-            headers.append(Header(path, array, line_start, scanner.end_of_line()))
-            current = None if array else path
+            headers.append(Header(current, array, line_start, scanner.end_of_line()))
         elif scanner.pos < len(text) and text[scanner.pos] not in "#\r\n":
             scanner.pair(current, line_start=line_start)
         else:
@@ -143,34 +144,32 @@ class _Scanner:
             raise CannotEdit(f"unexpected text at offset {self.pos} (wanted a line end)")
         return self.pos
 
-    def pair(self, base: tuple[str, ...] | None, *, line_start: int) -> None:
-        """One `key = value` statement on its own line(s), noted when its table has a path."""
+    def pair(self, base: tuple[str, ...], *, line_start: int) -> None:
+        """One `key = value` statement on its own line(s)."""
         stmt_start = self.pos
         parts, spans = self.key()
         self.expect("=")
         self.skip_spaces()
         value_start = self.pos
-        if base is not None and self.at("{"):
+        if self.at("{"):
             self.inline_tables(base + parts)
         else:
             self.value()
         value_end = self.pos
-        line_end = self.end_of_line()
-        if base is not None:
-            self.entries.append(
-                Entry(
-                    table=base + parts[:-1],
-                    base=base,
-                    key=parts[-1],
-                    inline=None,
-                    line_start=line_start,
-                    stmt_start=stmt_start,
-                    key_spans=spans,
-                    value_start=value_start,
-                    value_end=value_end,
-                    line_end=line_end,
-                )
+        self.entries.append(
+            Entry(
+                table=base + parts[:-1],
+                base=base,
+                key=parts[-1],
+                inline=None,
+                line_start=line_start,
+                stmt_start=stmt_start,
+                key_spans=spans,
+                value_start=value_start,
+                value_end=value_end,
+                line_end=self.end_of_line(),
             )
+        )
 
     def inline_tables(self, path: tuple[str, ...]) -> None:
         """An inline table defining `path`, and every inline table nested in it, noting each

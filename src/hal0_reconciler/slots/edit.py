@@ -59,12 +59,12 @@ def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
     TOML, the table does not exist, or no rewrite can be verified. Pure: a dry run calls it to
     learn beforehand whether the write would be byte-minimal (and why not).
     """
-    old = _load(text)
-    target = _table(old, table)
-    current = target.get("device")
-    if isinstance(current, str) and current == new and "backend" not in target:
+    expected = _load(text)  # parsed here: ours to change into the intended document
+    target = _table(expected, table)
+    if target.get("device") == new and "backend" not in target:
         return EditResult(text, byte_minimal=True)
-    expected = _with_device(old, table, new)
+    target["device"] = new
+    target.pop("backend", None)
     try:
         candidate = _rewrite(text, table, new)
     except _tomlscan.CannotEdit as exc:
@@ -96,18 +96,6 @@ def _table(data: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
 
 def _dotted(path: tuple[str, ...]) -> str:
     return ".".join(path)
-
-
-def _with_device(data: dict[str, Any], path: tuple[str, ...], new: str) -> dict[str, Any]:
-    """`data` with device set and backend dropped in the table at `path` (copied on the way)."""
-    copied = dict(data)
-    node = copied
-    for key in path:
-        node[key] = dict(node[key])
-        node = node[key]
-    node["device"] = new
-    node.pop("backend", None)
-    return copied
 
 
 def _same(a: Any, b: Any) -> bool:
