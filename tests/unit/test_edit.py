@@ -289,6 +289,12 @@ SHAPES = [
         id="dotted/neither-beside-the-last-dotted-key",
     ),
     pytest.param(
+        "slot.name = 'a'\n 'slot' .port = 1\nx = 2\n",
+        ("slot",),
+        "slot.name = 'a'\n 'slot' .port = 1\n 'slot' .device = \"gpu-rocm\"\nx = 2\n",
+        id="dotted/neither-beside-the-last-of-two",
+    ),
+    pytest.param(
         "slot.server.port = 1\n",
         ("slot",),
         'slot.server.port = 1\nslot.device = "gpu-rocm"\n',
@@ -445,6 +451,7 @@ def test_only_a_label_that_is_a_table_of_its_own_falls_back(
         pytest.param("1", "true", id="integer-became-boolean"),
         pytest.param("nan", "0.0", id="nan-became-number"),
         pytest.param("-0.0", "0.0", id="sign-of-zero"),
+        pytest.param("[1, [2]]", "[1, [3]]", id="list-item"),
     ],
 )
 def test_a_rewrite_that_does_not_verify_is_not_returned(
@@ -458,7 +465,11 @@ def test_a_rewrite_that_does_not_verify_is_not_returned(
         lambda text, *_: text.replace("gpu-vulkan", "gpu-rocm").replace(written, slipped),
     )
     result = edit.set_device(text, table=(), new="gpu-rocm")
-    assert (False, f'kept = {written}\ndevice = "gpu-rocm"\n') == (result.byte_minimal, result.text)
+    expected = tomllib.loads(f'kept = {written}\ndevice = "gpu-rocm"\n')
+    assert (False, canonical(expected)) == (
+        result.byte_minimal,
+        canonical(tomllib.loads(result.text)),
+    )
     assert "did not re-parse" in (result.note or "")
 
 
@@ -547,9 +558,10 @@ def test_text_already_carrying_the_label_is_returned_unchanged() -> None:
     ],
 )
 def test_new_values_are_quoted_safely(written: str, new: str, expected: str) -> None:
-    """Any value is written as a valid single-line string, in the old quote style when it fits."""
-    result = edit.set_device(f"device = {written}\n", table=(), new=new)
-    assert (f"device = {expected}\n", {"device": new}) == (result.text, tomllib.loads(result.text))
+    """Any value is written as a valid string, in place, in the old quote style when it fits."""
+    result = edit.set_device(f"device = {written}  # kept\n", table=(), new=new)
+    assert (f"device = {expected}  # kept\n", True) == (result.text, result.byte_minimal)
+    assert {"device": new} == tomllib.loads(result.text)
 
 
 # --- real and hand-written slot files ---------------------------------------------------------
