@@ -129,6 +129,12 @@ CASES = [
         id="multi-line-array-decoy",
     ),
     pytest.param(
+        'a = ["""x\n]""", \'\'\'\n]\'\'\', "\\"]"]\ndevice = "gpu-vulkan"\n',
+        (),
+        'a = ["""x\n]""", \'\'\'\n]\'\'\', "\\"]"]\ndevice = "gpu-rocm"\n',
+        id="strings-in-an-array-decoy",
+    ),
+    pytest.param(
         'when = 1979-05-27 07:32:00Z\nenv = { device = "gpu-vulkan" }\nslot . device = "gpu-vulkan"\n',
         ("slot",),
         'when = 1979-05-27 07:32:00Z\nenv = { device = "gpu-vulkan" }\nslot . device = "gpu-rocm"\n',
