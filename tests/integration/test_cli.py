@@ -54,7 +54,7 @@ def test_plan_shows_pending_relabels_and_exits_2(
     assert 2 == result.returncode, result.stderr
     rows = {
         line.split()[0]: line.split()
-        for line in result.stdout.splitlines()[3:]
+        for line in result.stdout.splitlines()[4:]
         if line.strip() and "pending" not in line
     }
     assert [
@@ -64,7 +64,10 @@ def test_plan_shows_pending_relabels_and_exits_2(
         "gpu-vulkan",
         "relabel",
         "gpu-rocm",
-        "vulkan-retired-rocm-usable",
+        "image-not-vulkan-capable-rocm-usable",
+        "ghcr.io/hal0ai/hal0-rocmfpx:ade07ba",
+        "bundled",
+        "no",
     ] == rows["agent"]
     assert "keep" == rows["img"][4]
     assert "7 change(s) pending" in result.stdout
