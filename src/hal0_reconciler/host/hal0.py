@@ -144,7 +144,7 @@ def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
         if name in schema_values and paths.schema is not None:
             sources[fact] = f"{paths.schema} ({name})"
 
-    bundled, manifest_keys, aliases = _runner_table(paths, schema_values, problems)
+    bundled, manifest_keys, aliases = _runner_table(paths, schema_values, default_image, problems)
     if bundled is not None:
         sources["bundled"] = str(paths.runners)
     else:
@@ -232,15 +232,20 @@ def _schema(paths: Hal0Paths, problems: list[FactProblem]) -> dict[str, str | fr
 def _runner_table(
     paths: Hal0Paths,
     schema_values: Mapping[str, str | frozenset[str]],
+    default_image: str,
     problems: list[FactProblem],
 ) -> tuple[dict[str, str] | None, dict[str, str], dict[str, str]]:
+    """The runner table; images named from schema.py resolve to its values (to the fallbacks
+    when schema.py could not be read: that was said already, so no second problem)."""
     fallback = "the newest known runner table is used"
     if paths.runners is None:
         return None, {}, {}  # said once already, for schema.py
+    newest = image.NEWEST_KNOWN
     try:
         text = _read_text(paths.runners)
         names = hal0_code.imported_names(text, "hal0.config.schema")
-        imported = {n: v for n in names if isinstance(v := schema_values.get(n), str)}
+        known = {**schema_values, "DEFAULT_ROCMFPX_IMAGE": default_image}
+        imported = {n: v for n in names if isinstance(v := known.get(n), str)}
         table = hal0_code.runners(text, imported=imported)
     except _SourceError as exc:
         problems.append(FactProblem("runners", str(paths.runners), f"{exc}: {fallback}"))
@@ -250,11 +255,15 @@ def _runner_table(
             FactProblem("runners", str(paths.runners), f"{exc}: {fallback}", not_understood=True)
         )
         return None, {}, {}
-    problems.extend(
-        FactProblem("runners", str(paths.runners), f"{why}: left out", not_understood=True)
-        for why in table.problems
-    )
-    return table.images, table.manifest_keys, table.aliases or dict(image.NEWEST_KNOWN.aliases)
+    images = dict(table.images)
+    if schema_values:
+        problems.extend(
+            FactProblem("runners", str(paths.runners), f"{why}: left out", not_understood=True)
+            for why in table.problems
+        )
+    else:
+        images = {**newest.bundled, **images}
+    return images, table.manifest_keys, table.aliases or dict(newest.aliases)
 
 
 def _default_images(path: Path, problems: list[FactProblem]) -> dict[str, str]:
