@@ -76,6 +76,10 @@ class Hal0Paths:
     manifests: tuple[Path, ...]
     package_search: Path  # where the hal0 package was looked for
 
+    def watched(self) -> tuple[Path, ...]:
+        """What a hal0 update changes: every source, and the release link itself."""
+        return (*self.files(), self.version.parent)
+
     def files(self) -> tuple[Path, ...]:
         found = (self.schema, self.runners)
         return (
