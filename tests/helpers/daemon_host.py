@@ -12,10 +12,10 @@ from typing import Any
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import notify, runner
-from helpers.hal0_tree import Hal0Tree
 from hal0_reconciler.settings import Settings
 from helpers import devnodes
 from helpers.fake_systemctl import FakeSystemctl
+from helpers.hal0_tree import Hal0Tree
 
 SERVICE_USER = f"{devnodes.SERVICE_UID}:{devnodes.SERVICE_UID}"
 FAST = {

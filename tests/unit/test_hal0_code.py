@@ -141,9 +141,7 @@ def test_a_runner_table_not_understood_raises(text: str, message: str) -> None:
 
 
 IMAGE_REFS = st.text(
-    alphabet=st.characters(
-        whitelist_categories=("Ll", "Lu", "Nd"), whitelist_characters="./:-_@"
-    ),
+    alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd"), whitelist_characters="./:-_@"),
     min_size=1,
     max_size=40,
 )

@@ -75,9 +75,7 @@ LADDER = {
     "binary alias vulkanfpx folds to rocmfpx": (
         {"binary": "vulkanfpx"},
         facts(bundled={**FACTS.bundled, "rocmfpx": BROKEN.replace("ade07ba", "x")}),
-        ImageResolution(
-            BROKEN.replace("ade07ba", "x"), Rung.BUNDLED, "rocmfpx", capable=False
-        ),
+        ImageResolution(BROKEN.replace("ade07ba", "x"), Rung.BUNDLED, "rocmfpx", capable=False),
     ),
     "unknown binary falls back to the device's runner": (
         {"binary": "no-such-runner"},

@@ -12,8 +12,8 @@ from hal0_reconciler.model import (
     ImageResolution,
     LaneState,
     Reason,
-    Runtime,
     Rung,
+    Runtime,
     Verdict,
 )
 from hal0_reconciler.slots import policy
