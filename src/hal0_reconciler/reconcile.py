@@ -107,6 +107,7 @@ class Reconciler:
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
+        self._unit_reported: dict[SlotKey, str] = {}
         self._catalog_reported: str | None = None
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
@@ -151,6 +152,7 @@ class Reconciler:
     def forget(self, key: SlotKey) -> None:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
+        self._unit_reported.pop(key, None)
 
     # -- one file ---------------------------------------------------------------------------
 
@@ -285,8 +287,25 @@ class Reconciler:
                 )
         self._hal0_reported = frozenset(read.problems)
 
+    def _report_unit_problem(self, o: Outcome) -> None:
+        """A name or id hal0 could not run: said once per file (again when it changes)."""
+        if o.unit_problem is None or o.status is OutcomeStatus.GONE:
+            self._unit_reported.pop(o.key, None)
+            return
+        if self._unit_reported.get(o.key) == o.unit_problem:
+            return
+        self._unit_reported[o.key] = o.unit_problem
+        _log.warning(
+            "slot.name_invalid",
+            slot=o.name,
+            path=str(o.path),
+            reason=o.unit_problem,
+            effect="hal0 cannot run this slot; it is never named to systemctl or the API",
+        )
+
     def _report(self, o: Outcome, facts: HostFacts) -> None:
         """Log one event per decision that matters; problems only when they first appear."""
+        self._report_unit_problem(o)
         fields = {"slot": o.name, "path": str(o.path)}
         if o.status is OutcomeStatus.RELABELED and o.verdict is not None:
             self._reported.pop(o.key, None)
@@ -315,8 +334,6 @@ class Reconciler:
             problem = (o.status, o.message)
         elif o.status is OutcomeStatus.SKIPPED:
             problem = (o.status, o.name)
-        elif o.unit_problem is not None:
-            problem = ("unit", o.unit_problem)
         if problem is None:
             self._reported.pop(o.key, None)
             return
@@ -327,13 +344,7 @@ class Reconciler:
             _log.error("slot.unreadable", path=str(o.path), error=o.message)
         elif o.status is OutcomeStatus.NOT_REGULAR:
             _log.warning("slot.not_regular_file", path=str(o.path), error=o.message)
-        elif problem[0] == "unit":
-            _log.warning(
-                "slot.name_invalid",
-                **fields,
-                reason=o.unit_problem,
-                effect="hal0 cannot run this slot; it is never named to systemctl or the API",
-            )
+
         else:
             _log.warning(
                 "slot.runtime_unresolved",
