@@ -62,6 +62,7 @@ REFUSED = {
     "a formatted f-string": ('B = "x"\nA = f"{B!r}"', "joinedstr"),
     "a dict": ('A = {"a": "b"}', "dict"),
     "a name of something not understood": ("B = build()\nA = B", "name `B`"),
+    "reassigned to something not understood": ('A = "x"\nA = build()', "call `build()`"),
 }
 
 

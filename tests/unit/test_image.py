@@ -77,6 +77,11 @@ LADDER = {
         facts(bundled={**FACTS.bundled, "rocmfpx": BROKEN.replace("ade07ba", "x")}),
         ImageResolution(BROKEN.replace("ade07ba", "x"), Rung.BUNDLED, "rocmfpx", capable=False),
     ),
+    "a legacy alias of another runner folds to it": (
+        {"binary": "cudafpx"},
+        facts(aliases={"vulkanfpx": "rocmfpx", "cudafpx": "cuda"}),
+        ImageResolution(CUDA, Rung.BUNDLED, "cuda", capable=False),
+    ),
     "unknown binary falls back to the device's runner": (
         {"binary": "no-such-runner"},
         FACTS,
