@@ -325,6 +325,12 @@ SHAPES = [
         id="dotted-in-inline/device+backend",
     ),
     pytest.param(
+        '"slot.device" = "gpu-vulkan"\n[slot]\ndevice = "gpu-vulkan"\n',
+        ("slot",),
+        '"slot.device" = "gpu-vulkan"\n[slot]\ndevice = "gpu-rocm"\n',
+        id="dotted/a-quoted-dot-is-not-a-dotted-key",
+    ),
+    pytest.param(
         'slot = { env.device = "gpu-vulkan", device = "gpu-vulkan" }\n',
         ("slot",),
         'slot = { env.device = "gpu-vulkan", device = "gpu-rocm" }\n',
