@@ -116,9 +116,11 @@ def test_colon_joined_value_is_two_pinned_files(real_configs, rules, tmp_path):
     assert res.problems == ()
 
 
-def test_whitespace_only_value_is_set_and_flagged_at_e4048607(real_configs, rules):
+@pytest.mark.parametrize("configs", ["shipped", "committed"])
+def test_whitespace_only_value_is_set_and_flagged_at_e4048607(real_configs, rules, configs):
     """At e4048607 whitespace only counts as set (used verbatim, no real file): flagged."""
-    res = _resolve(rules, BPS, {VAR: "  "}, real_configs)
+    where = real_configs if configs == "shipped" else DATA_CONFIGS
+    res = _resolve(rules, BPS, {VAR: "  "}, where)
     assert res.files == ()
     assert len(res.problems) == 1
     assert "whitespace only" in res.problems[0]

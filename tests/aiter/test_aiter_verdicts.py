@@ -243,11 +243,11 @@ def _duplicate_overlay(tree, *, slower: bool) -> str:
     ("who", "says"),
     [("e4048607", "stops the first boot"), ("later", "lose the duplicate-shape merge")],
 )
-def test_a_row_losing_the_duplicate_merge_is_not_missing(make_tree, built_modules, who, says):
+def test_a_row_losing_the_duplicate_merge_is_not_missing(configs, make_tree, so_builder, who, says):
     """A slower duplicate of a real shape is never compiled: not missing, no heal; the plan says
     what this aiter does with it (e4048607 stops the first boot and rewrites the CSVs; later
     aiter keeps the winner in memory). A faster duplicate wins and IS needed."""
-    tree = make_tree()
+    tree = make_tree(configs)
     if who == "e4048607":
         tree.version(E4048607)
     else:
@@ -255,8 +255,8 @@ def test_a_row_losing_the_duplicate_merge_is_not_missing(make_tree, built_module
             "import os\ndef get_config_file(env_name):\n"
             "    return (os.getenv(env_name) or '').strip()\n"
         )
-    tree.install(BPS_CK, built_modules[BPS_CK])
-    tree.install(BPS_CKTILE, built_modules[BPS_CKTILE])
+    for module, names in _names(_bps_files(configs, default=True), "gfx950", "256").items():
+        tree.install(module, so_builder.build(names))
     kernel = _duplicate_overlay(tree, slower=True)
     report = monitor.AiterMonitor(tree.settings()).check(heal=True)
     assert ("covered", "none") == _verdict(report, BPS_CK)
