@@ -12,8 +12,10 @@ from __future__ import annotations
 import ast
 import stat
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
+from hal0_reconciler import fsio
 from hal0_reconciler.aiter import rules
 
 MAX_BYTES = 4 * 1024 * 1024
@@ -47,6 +49,43 @@ def choose(book: rules.RuleBook, package_dir: Path) -> tuple[rules.Choice, Insta
     """The rule set for the aiter in ``package_dir``, and what was read to choose it."""
     found = read_installed(package_dir)
     return rules.choose(book, version=found.version, facts=found.facts), found
+
+
+def rules_text() -> str:
+    """The shipped rule sets (which aiter version reads its tables how)."""
+    return resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text("utf-8")
+
+
+class Installs:
+    """The rule set of each aiter install, read again only when its version file, core.py or
+    the folder beside the package (its distribution metadata) change."""
+
+    def __init__(self) -> None:
+        self.book = rules.parse_rules(rules_text())
+        self._cache: dict[Path, tuple[tuple[object, ...], rules.Choice, Installed]] = {}
+
+    def choose(self, package_dir: Path) -> tuple[rules.Choice, Installed]:
+        stamp = tuple(
+            _stamp(p)
+            for p in (
+                package_dir / "_version.py",
+                package_dir / "jit" / "core.py",
+                package_dir.parent,
+            )
+        )
+        cached = self._cache.get(package_dir)
+        if cached is None or cached[0] != stamp:
+            choice, found = choose(self.book, package_dir)
+            cached = (stamp, choice, found)
+            self._cache[package_dir] = cached
+        return cached[1], cached[2]
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        return fsio.identity_of(path.stat())
+    except OSError:
+        return None
 
 
 def _version(package_dir: Path, notes: list[str]) -> tuple[str | None, Path | None]:

@@ -18,7 +18,6 @@ from hal0_reconciler.aiter import (
     registry,
     resolve,
     routing,
-    rules,
     tables,
     target,
 )
@@ -76,13 +75,6 @@ def routing_text(settings: Settings) -> str:
     )
 
 
-def rules_text() -> str:
-    """The shipped rule sets (which aiter version reads its tables how)."""
-    return (
-        resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text(encoding="utf-8")
-    )
-
-
 TARGET_VARIABLES = frozenset({"GPU_ARCHS", "CU_NUM"})
 """Variables that change which rows aiter compiles or looks up (besides ``AITER_*``)."""
 
@@ -109,10 +101,7 @@ class Surveyor:
         self.registry = registry.Registry(cache_file)
         self.table_reads = 0
         self._tables: dict[_TableKey, plan.TableSource] = {}
-        self._book = rules.parse_rules(rules_text())
-        self._installs: dict[
-            Path, tuple[tuple[object, ...], rules.Choice, installed.Installed]
-        ] = {}
+        self.installs = installed.Installs()
         self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
         self._merges: dict[tuple[object, ...], _Merged] = {}
         self._needs: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
@@ -166,24 +155,6 @@ class Surveyor:
         self.registry.forget_missing(modules_seen)
         return plans
 
-    def rules_for(self, package_dir: Path) -> tuple[rules.Choice, installed.Installed]:
-        """The rule set of the aiter in ``package_dir``; re-read only when its version files,
-        core.py or the folder beside it change."""
-        stamp = tuple(
-            _identity(p)
-            for p in (
-                package_dir / "_version.py",
-                package_dir / "jit" / "core.py",
-                package_dir.parent,
-            )
-        )
-        cached = self._installs.get(package_dir)
-        if cached is None or cached[0] != stamp:
-            choice, found = installed.choose(self._book, package_dir)
-            cached = (stamp, choice, found)
-            self._installs[package_dir] = cached
-        return cached[1], cached[2]
-
     def _plan_env(
         self,
         environment: Environment,
@@ -194,7 +165,7 @@ class Surveyor:
     ) -> plan.EnvPlan:
         tree, env = environment.tree, environment.env
         label = tree_label(tree)
-        chosen, found = self.rules_for(tree.package_dir)
+        chosen, found = self.installs.choose(tree.package_dir)
         ruleset = chosen.rules
         choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
         jit = jit_dir_for(tree, env)
