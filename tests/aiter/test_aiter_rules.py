@@ -275,3 +275,19 @@ def test_installed_choice_for_an_e4048607_install(book, tmp_path):
     choice, found = installed.choose(book, pkg)
     assert (AT_E4048607, None) == (choice.rules.name, choice.note)
     assert found.version == "0.1.21.dev46+ge4048607a5"
+
+
+def test_an_upgraded_aiter_is_read_again_and_an_unchanged_one_is_not(tmp_path, monkeypatch):
+    """The rule set follows an upgrade (a new _version.py); an unchanged install costs stats."""
+    pkg = _site(tmp_path)
+    (pkg / "_version.py").write_text("__version__ = '0.1.11'\n")
+    installs = installed.Installs()
+    assert installs.choose(pkg)[0].rules.name == OLDER
+    reads = []
+    real = installed.read_installed
+    monkeypatch.setattr(installed, "read_installed", lambda p: reads.append(p) or real(p))
+    installs.choose(pkg)
+    assert reads == []
+    (pkg / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
+    assert installs.choose(pkg)[0].rules.name == AT_E4048607
+    assert reads == [pkg]
