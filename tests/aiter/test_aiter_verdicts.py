@@ -110,8 +110,14 @@ def test_a_broken_row_is_reported_by_file_and_line_and_never_healed(configs, mak
     fields[col] = ""
     lines[line - 1] = ",".join(fields) + "\n"
     overlay.write_text("".join(lines))
-    report = monitor.AiterMonitor(tree.settings()).check(heal=True)
+    mon = monitor.AiterMonitor(tree.settings())
+    with capture_logs() as logs:
+        report = mon.check(heal=True)
+        mon.check(heal=True)
     ck = _modules(report)[BPS_CK]
+    assert [(str(overlay), line)] == [
+        (e["path"], e["line"]) for e in logs if e["event"] == "aiter.table_row_broken"
+    ]  # said once, as an error
     assert ("covered", "fix-tables") == _verdict(report, BPS_CK)
     assert [(overlay, line)] == [(Path(b.table), b.line) for b in ck.broken]  # type: ignore[attr-defined]
     assert "no rebuild fixes it" in ck.broken[0].reason  # type: ignore[attr-defined]

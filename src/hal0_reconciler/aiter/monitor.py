@@ -250,6 +250,15 @@ class AiterMonitor:
                     )
             for mod in p.modules:
                 key = f"{p.tree}|{p.environment}|{mod.module}"
+                for bad in mod.broken:  # the boot dies on it; no rebuild fixes it
+                    if new(("broken", str(bad.table), str(bad.line), bad.reason)):
+                        log.error(
+                            "aiter.table_row_broken",
+                            path=str(bad.table),
+                            line=bad.line,
+                            module=mod.module,
+                            reason=bad.reason,
+                        )
                 if mod.status is plan.Status.UNCOVERED:
                     uncovered.add(key)
                 if not new(
