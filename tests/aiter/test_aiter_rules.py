@@ -291,3 +291,21 @@ def test_an_upgraded_aiter_is_read_again_and_an_unchanged_one_is_not(tmp_path, m
     (pkg / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
     assert installs.choose(pkg)[0].rules.name == AT_E4048607
     assert reads == [pkg]
+
+
+_CORE_PIECES = st.sampled_from(
+    [*"()[]{}'\"\\:=.,_ \n\t#", "os.getenv(", " or ", ".strip()", "def update_config_files():"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_CORE_PIECES, max_size=80).map("".join))
+def test_any_core_py_text_gives_facts_and_never_raises(text):
+    """Whatever core.py holds (broken syntax, deep nesting), the answer is a fact per marker."""
+    assert set(rules.MARKERS) == set(rules.code_facts(text))
+
+
+def test_deeply_nested_core_py_falls_back_to_text():
+    """A core.py the parser refuses (nesting too deep) is read as text."""
+    text = "x = " + "(" * 5000 + ")" * 5000 + '\nv = (os.getenv("A") or "").strip()\n'
+    assert rules.code_facts(text)["strips_config_value"] is True

@@ -209,3 +209,44 @@ def test_generated_tables_round_trip_their_kernel_names(rules, rows):
     assert sum(
         1 for name, lib, t in rows if t == GFX950 and lib in {"ck", "cktile"} and not name.strip()
     ) == len(table.broken)
+
+
+_SHAPE = st.tuples(st.sampled_from(["1", "2", "3"]), st.sampled_from([1.0, 2.0, 3.0, float("inf")]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_SHAPE, max_size=8), min_size=1, max_size=4))
+def test_duplicate_merge_keeps_one_fastest_row_per_shape(files):
+    """aiter's merge: per shape exactly one row survives, one with the lowest `us` (the earliest
+    file and line on ties); every other row of that shape loses."""
+    from pathlib import PurePath
+
+    from hal0_reconciler.aiter import plan
+
+    parsed = [
+        (
+            PurePath(f"f{i}.csv"),
+            tables.Table(
+                (),
+                "",
+                len(rows),
+                0,
+                0,
+                shapes=tuple(tables.Shape(n, (key,), us) for n, (key, us) in enumerate(rows, 2)),
+            ),
+        )
+        for i, rows in enumerate(files)
+    ]
+    losers, in_duplicates = plan.merge_losers(parsed)
+    every = [(path, s) for path, t in parsed for s in t.shapes]
+    winners = [(p, s) for p, s in every if s.line not in losers.get(p, frozenset())]
+    keys = {s.key for _, s in every}
+    assert sorted(keys) == sorted(s.key for _, s in winners)
+    for key in keys:
+        ((wp, ws),) = [(p, s) for p, s in winners if s.key == key]
+        same = [(i, s) for i, (p, t) in enumerate(parsed) for s in t.shapes if s.key == key]
+        best = min(same, key=lambda e: (e[1].us, e[0], e[1].line))
+        assert (parsed[best[0]][0], best[1]) == (wp, ws)
+    assert in_duplicates == sum(
+        n for n in (sum(1 for _, s in every if s.key == k) for k in keys) if n > 1
+    )

@@ -255,7 +255,7 @@ def code_facts(text: str) -> dict[str, bool]:
     """The ``MARKERS`` facts of core.py's source text (parsed with ``ast``; text as fallback)."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # hostile or newer syntax
         return {
             "strips_config_value": _STRIP_TEXT.search(text) is not None,
             "rewrites_duplicates": "update_config_files" in text
