@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hal0_reconciler.aiter import target
 from hal0_reconciler.aiter.tables import Target
@@ -106,3 +108,20 @@ def test_no_gpu_is_an_error_not_a_guess(tmp_path):
         "auto", {}, kfd=target.read_kfd(tmp_path / "absent"), build_cu=BUILD_CU
     )
     assert (frozenset(), True) == (choice.targets, choice.error is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    archs=st.lists(st.sampled_from([*"gfx9425 ;,:1n", "native", "gfx950"]), max_size=12).map(
+        "".join
+    ),
+    cu=st.sampled_from(["", "0", "80", "x"]),
+)
+def test_any_gpu_archs_is_a_build_aiter_accepts_or_an_error(archs, cu):
+    """Whatever GPU_ARCHS holds: an error, or build targets only for arches aiter builds, while
+    the runtime always looks up the live GPU's gfx."""
+    env = {"GPU_ARCHS": archs, "CU_NUM": cu}
+    choice = target.choose_target("auto", env, kfd=(frozenset({G942_304}), None), build_cu=BUILD_CU)
+    if choice.error is None:
+        assert {t.gfx for t in choice.compiled} <= set(BUILD_CU)
+        assert {t.gfx for t in choice.lookup} == {"gfx942"}
