@@ -258,6 +258,9 @@ def test_plan_says_the_aiter_version_and_rule_set(tree):
     _, out = _run(tree, "plan")
     assert "aiter 0.1.21.dev46+ge4048607a5, rules 2026-04-rerun (chosen by version" in out
     assert "newest known" not in out
+    doc = json.loads(_run(tree, "plan", "--json")[1])
+    assert doc["plans"][0]["rules"].startswith("aiter 0.1.21.dev46+ge4048607a5, rules 2026-04")
+    assert doc["plans"][0]["rules_note"] is None
 
 
 def test_plan_exits_1_for_a_row_no_rebuild_fixes_and_json_names_it(tree, built_modules):

@@ -80,11 +80,19 @@ def test_set_but_empty_without_overlays_loads_nothing(real_configs, rules):
     assert "loads no table" in res.problems[0]
 
 
-def test_set_but_empty_fails_the_load_in_older_aiter(real_configs, rules, book):
-    """aiter 0.1.7-0.1.11 read the first path ('') unconditionally: the load fails."""
-    res = _resolve(rules, BPS, {VAR: ""}, real_configs, ruleset(book, OLDER))
+@pytest.mark.parametrize("configs", ["shipped", "committed"])
+def test_set_but_empty_fails_the_load_in_older_aiter(real_configs, rules, book, configs):
+    """aiter 0.1.7-0.1.11 merge '' with the overlays and read the first path ('') unchecked:
+    the load fails. Without overlays there is no merge: no table, as in later aiter."""
+    where = real_configs if configs == "shipped" else DATA_CONFIGS
+    older = ruleset(book, OLDER)
+    res = _resolve(rules, BPS, {VAR: ""}, where, older)
     assert res.files == ()
     assert "the load fails" in res.problems[0]
+    alone = _resolve(
+        rules, "a8w8_tuned_batched_gemm", {"AITER_CONFIG_A8W8_BATCHED_GEMM": ""}, where, older
+    )
+    assert (alone.files, "loads no table" in alone.problems[0]) == ((), True)
 
 
 def test_a8w8_has_no_overlays(real_configs, rules):

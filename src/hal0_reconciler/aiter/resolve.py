@@ -119,10 +119,11 @@ def _empty(
 ) -> Resolution:
     """A set-but-empty value: ``os.getenv(VAR, default)`` is "", so the default is gone."""
     default = configs_dir / f"{route.stem}.csv"
-    if rules.empty_value is aiter_rules.EmptyValue.FAILS:
+    if rules.empty_value is aiter_rules.EmptyValue.FAILS and overlay_files:
         problems.append(
-            f"{route.variable} is set but empty: this aiter reads the path '' first and the "
-            f"load fails; unset it to get the shipped default {default.name}"
+            f"{route.variable} is set but empty: this aiter merges '' with the overlays, reads "
+            f"the path '' first and the load fails; unset it to get the shipped default "
+            f"{default.name}"
         )
         return Resolution(route, raw, (), tuple(problems))
     if overlay_files:
