@@ -269,13 +269,12 @@ class Runner:
                 full_passes = progress.full_attempts  # READY even when a file is poisoned
                 # a batch's end counts too: its problems and metrics come after its pass/check
                 passes_done = progress.passes + self._aiter.generation() + progress.batches
-            if ready_after is not None and full_passes >= ready_after:
+            became_ready = ready_after is not None and full_passes >= ready_after
+            if became_ready:
                 ready_after = None
-                self._notifier.ready()
-                log.info("daemon.ready", watches=watcher.health().mode)
             problems = self._health(worker, now)
             changed = passes_done != reported_passes or problems != reported_problems
-            if changed or now >= next_status:
+            if changed or became_ready or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
                 elif reported_problems and not problems:
@@ -284,6 +283,9 @@ class Runner:
                 reported_problems = problems
                 next_status = now + status.HEARTBEAT
                 self._publish(problems, ready=ready_after is None)
+            if became_ready:  # after status.json says so: a reader woken by READY sees it
+                self._notifier.ready()
+                log.info("daemon.ready", watches=watcher.health().mode)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
