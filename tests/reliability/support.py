@@ -73,7 +73,7 @@ def cli_argv(host: Host, verb: str, **settings: object) -> list[str]:
     """``python -m hal0_reconciler <verb>`` on the host's paths (JSON logs, quiet systemctl)."""
     o = host.overrides()
     argv = [sys.executable, "-m", "hal0_reconciler", verb, "--log-format", "json"]
-    for key in (
+    flags = (
         "slots_dir",
         "state_dir",
         "runtime_dir",
@@ -81,20 +81,20 @@ def cli_argv(host: Host, verb: str, **settings: object) -> list[str]:
         "kfd_path",
         "dri_dir",
         "profiles_file",
-    ):
+    )
+    for key in flags:
         value = settings.pop(key, o[key])  # a flag wins over --set: one or the other
         argv += ["--" + key.replace("_", "-"), str(value)]
     argv += ["--user", o["service_user"]]
-    values = {
-        "settle_window": o["settle_window"],
-        "settle_cap": o["settle_cap"],
-        "api_url": o["api_url"],
-        "api_env_file": o["api_env_file"],
-        "systemctl": str(quiet_systemctl(host.root / "quiet-bin")),
-        "lock_timeout": "2",
-        "demote_grace": "0",
-        **{k: str(v) for k, v in settings.items()},
-    }
+    values = {k: v for k, v in o.items() if k not in (*flags, "service_user")}  # hal0's tree too
+    values.update(
+        {
+            "systemctl": str(quiet_systemctl(host.root / "quiet-bin")),
+            "lock_timeout": "2",
+            "demote_grace": "0",
+            **{k: str(v) for k, v in settings.items()},
+        }
+    )
     for key, value in values.items():
         argv += ["--set", f"{key}={value}"]
     return argv

@@ -9,6 +9,7 @@ planted in every batch that were not relabelled (lost). Inputs that ever failed 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -24,7 +25,7 @@ import pytest
 
 from hal0_reconciler import errors
 from hal0_reconciler.model import Action, Catalog
-from hal0_reconciler.slots import document, edit, limits, policy, runtime
+from hal0_reconciler.slots import document, edit, image, limits, policy, runtime
 from helpers.daemon_host import Host, slot_text
 from helpers.hosts import DATA, ROCM_USABLE
 from reliability import support
@@ -123,6 +124,10 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+_NONE_CAPABLE = dataclasses.replace(image.NEWEST_KNOWN, capable=frozenset())
+"""hal0 facts under which no image runs on Vulkan: every gpu-vulkan llama.cpp slot moves."""
+
+
 def pipeline(data: bytes, catalog: Catalog) -> str:
     """What a pass does with one file's bytes, minus the disk: decode, limits, parse, decide,
     edit, re-parse. Returns what happened; the engine's own errors are normal outcomes."""
@@ -133,9 +138,8 @@ def pipeline(data: bytes, catalog: Catalog) -> str:
     verdict = policy.decide(
         doc,
         runtime=runtime.runtime_of(doc, catalog),
-        image=runtime.effective_image(doc, catalog),
+        image=image.effective_image(doc, _NONE_CAPABLE) if doc.vulkan_candidate else None,
         facts=ROCM_USABLE,
-        validated_images=frozenset({"ghcr.io/hal0ai/hal0-combined:0822"}),
         demoted_by_us=False,
     )
     if verdict.action is not Action.RELABEL or verdict.new is None:
@@ -186,7 +190,7 @@ def test_mutated_slot_files_in_process(tmp_path: Path) -> None:
 def _valid_vulkan_llama(data: bytes, catalog: Catalog) -> bool:
     """The oracle for a write: the old bytes were a valid slot (UTF-8, TOML), whose
     authoritative table labels it gpu-vulkan (or legacy backend vulkan) and whose runtime is
-    llama.cpp, with no Vulkan-validated image."""
+    llama.cpp (whether its image is Vulkan-capable is the policy's business, tested elsewhere)."""
     try:
         parsed = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError, RecursionError):
@@ -202,10 +206,7 @@ def _valid_vulkan_llama(data: bytes, catalog: Catalog) -> bool:
     if not vulkan:
         return False
     doc = document.parse_slot(data.decode(), stem="x", limits=_NO_LIMITS)
-    image = runtime.effective_image(doc, catalog)
-    return runtime.runtime_of(doc, catalog).value in {"llama-server", "llama.cpp"} and (
-        image != "ghcr.io/hal0ai/hal0-combined:0822"
-    )
+    return runtime.runtime_of(doc, catalog).value in {"llama-server", "llama.cpp"}
 
 
 _NO_LIMITS = limits.Limits(

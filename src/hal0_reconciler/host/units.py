@@ -212,6 +212,7 @@ class Restarter(lifecycle.StartStop):
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[float, RestartRequest]] = {}  # token -> (due, request)
         self._last: dict[str, float] = {}  # token -> monotonic time of the last action
+        self._pruned_at = 0.0
         self._stop: _Stop | None = None
         self._busy_since: float | None = None
         self._previous: float | None = None
@@ -268,9 +269,11 @@ class Restarter(lifecycle.StartStop):
                 if self._stop is not None:
                     return self._stop
                 now = time.monotonic()
-                interval = self._settings.restart_min_interval
-                # a slot restarted longer ago than the rate limit needs no memory (bounded)
-                self._last = {t: at for t, at in self._last.items() if now - at < interval}
+                if now - self._pruned_at >= 1.0:  # at most once a second: O(slots) each time
+                    # a slot restarted longer ago than the rate limit needs no memory (bounded)
+                    interval = self._settings.restart_min_interval
+                    self._last = {t: at for t, at in self._last.items() if now - at < interval}
+                    self._pruned_at = now
                 due = [(d, t) for t, (d, _) in self._pending.items() if d <= now]
                 if due:
                     _, token = min(due)
