@@ -181,8 +181,10 @@ def test_a_probe_that_cannot_run_demotes_nothing(
         ),
         (
             ["--slots-dir", ""],
-            "argument --slots-dir: a path must not be empty (it would mean this folder) "
-            "(see hal0-reconciler {verb} --help)",
+            (
+                "argument --slots-dir: a path must not be empty (it would mean this folder) "
+                "(see hal0-reconciler {verb} --help)"
+            ),
         ),
     ],
 )

@@ -207,6 +207,7 @@ class Passes:
                     reason=raw.lane_reason,
                     demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
                 )
+            self._note_probe(raw)
             with self.lock:
                 self.progress.facts = facts
                 self.progress.recheck_at = view.recheck_at
@@ -220,6 +221,25 @@ class Passes:
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+
+    def _note_probe(self, raw: HostFacts) -> None:
+        """A probe that cannot run (no such service user...) proves nothing and demotes
+        nothing, but the daemon cannot do its job: said once at warning, degraded until fixed."""
+        problem = None
+        if raw.amd and raw.lane is LaneState.UNKNOWN:
+            problem = f"the ROCm-lane probe cannot run: {raw.lane_reason}"
+        with self.lock:
+            before = self.progress.problems.get("probe")
+            if problem is None:
+                self.progress.problems.pop("probe", None)
+            else:
+                self.progress.problems["probe"] = problem
+        if problem is not None and problem != before:
+            log.warning(
+                "host.probe_failed", reason=raw.lane_reason, effect="no slot is demoted to cpu"
+            )
+        elif problem is None and before is not None:
+            log.info("host.probe_runs_again")
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""

@@ -130,6 +130,7 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._slots_dir_problem: str | None = None
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -272,7 +273,8 @@ class Runner:
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
             problems = self._health(worker, now)
-            changed = passes_done != reported_passes or problems != reported_problems
+            changed = self._check_slots_dir()
+            changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
@@ -307,6 +309,28 @@ class Runner:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
         return problems
 
+    def _check_slots_dir(self) -> bool:
+        """A missing slots folder is said once, at warning; the daemon is degraded (not dead:
+        the watches bring the folder in at once when it appears) until it is there."""
+        folder = self._settings.slots_dir
+        problem = None
+        if not folder.is_dir():
+            what = "does not exist" if not folder.exists() else "is not a directory"
+            problem = f"slots directory {folder} {what}"
+        if problem == self._slots_dir_problem:
+            return False
+        if problem is not None:
+            log.warning(
+                "daemon.slots_dir_missing",
+                path=str(folder),
+                problem=problem,
+                action="watching for it to appear; degraded until then",
+            )
+        else:
+            log.info("daemon.slots_dir_found", path=str(folder))
+        self._slots_dir_problem = problem
+        return True
+
     def _publish(self, problems: list[str], *, ready: bool) -> None:
         """STATUS= line and status.json."""
         watcher = self._watcher
@@ -317,7 +341,8 @@ class Runner:
             selfheal=self._aiter,
             started_at=self._started_at,
         )
-        snapshot, line = publish.compose(sources, problems, ready=ready)
+        degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
+        snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
