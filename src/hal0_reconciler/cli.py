@@ -149,8 +149,6 @@ def _epilog(verb: str) -> str:
         lines.append("")
     lines.append("exit status:")
     lines += [f"  {code}  {text}" for code, text in _EXITS[verb]]
-    if verb != "run":
-        lines += ["", "common options (--config, --slots-dir, --set ...): see the group above"]
     return "\n".join(lines)
 
 
@@ -265,11 +263,22 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         aiter_cli.add_parser(verbs, parents=[common])
-    _finish(parser)
+    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
     return parser
 
 
-def _finish(parser: argparse.ArgumentParser, path: str = "") -> None:
+def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
+    """The verb's usage line with its own options, the common ones as one ``[common options]``
+    (each is listed once, in its help group)."""
+    own = [a for a in parser._actions if a.dest not in common]  # noqa: SLF001
+    formatter = parser._get_formatter()  # noqa: SLF001
+    groups = parser._mutually_exclusive_groups  # noqa: SLF001
+    formatter.add_usage(None, own, groups, prefix="usage: ")
+    text = formatter.format_help().strip().removeprefix("usage: ")
+    return text.replace("[-h]", "[-h] [common options]", 1)
+
+
+def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]) -> None:
     """Walk the verb tree: exit codes in every verb's epilog (the aiter verbs register their
     own parsers; subparsers inherit ``_Parser``, so one error prefix) and completion hints."""
     for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
@@ -283,7 +292,9 @@ def _finish(parser: argparse.ArgumentParser, path: str = "") -> None:
                 if sub.epilog is None and full in _EXITS:
                     sub.epilog = _epilog(full)
                     sub.formatter_class = argparse.RawDescriptionHelpFormatter
-                _finish(sub, full)
+                if full in _EXITS:
+                    sub.usage = _short_usage(sub, common)
+                _finish(sub, full, common=common)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -202,7 +202,7 @@ class Reconciler:
             text = slot_file.data.decode("utf-8")
             doc = document.parse_slot(text, stem=path.stem)
         except UnicodeDecodeError as exc:
-            message = f"not UTF-8: {exc}"
+            message = f"not UTF-8 text (byte {exc.start} is not valid UTF-8)"
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
