@@ -254,7 +254,12 @@ def test_nested_settings_are_settable_from_the_command_line(
 ) -> None:
     """`--set aiter.heal=false --set aiter.keep_quarantines=1` is accepted."""
     result = cli(
-        "plan", *host_args(host_dirs), "--set", "aiter.heal=false", "--set", "aiter.keep_quarantines=1"
+        "plan",
+        *host_args(host_dirs),
+        "--set",
+        "aiter.heal=false",
+        "--set",
+        "aiter.keep_quarantines=1",
     )
     assert 0 == result.returncode, result.stderr
 
@@ -303,8 +308,14 @@ def test_log_lines_carry_no_none(host_dirs: dict[str, Path], seeded_slots: Path)
 
 def _console_log(env: dict[str, str] | None = None, *extra: str) -> str:
     _, shown, _ = cli_on_a_terminal(
-        "plan", "--slots-dir", "/nonexistent", "--log-format", "console", *extra,
-        env=env, tty="stderr",
+        "plan",
+        "--slots-dir",
+        "/nonexistent",
+        "--log-format",
+        "console",
+        *extra,
+        env=env,
+        tty="stderr",
     )
     return shown
 
@@ -399,9 +410,12 @@ def test_the_exit_codes_in_help_are_the_ones_the_code_uses() -> None:
     assert [cli_mod.EXIT_OK, cli_mod.EXIT_ERROR, cli_mod.EXIT_PENDING, cli_mod.EXIT_UNJUDGED] == [
         c for c, _ in cli_mod._EXITS["plan"]
     ]
-    assert [status.EXIT_OK, status.EXIT_UNHEALTHY, status.EXIT_NOT_RUNNING, status.EXIT_UNKNOWN] == [
-        c for c, _ in cli_mod._EXITS["status"]
-    ]
+    assert [
+        status.EXIT_OK,
+        status.EXIT_UNHEALTHY,
+        status.EXIT_NOT_RUNNING,
+        status.EXIT_UNKNOWN,
+    ] == [c for c, _ in cli_mod._EXITS["status"]]
 
 
 # -- shell completion (generated at build time by shtab; see the Makefile) -------------------------

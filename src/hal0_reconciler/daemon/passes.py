@@ -23,7 +23,7 @@ import structlog
 from hal0_reconciler import lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import units
-from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 
 log = structlog.get_logger("hal0_reconciler.daemon")
@@ -32,6 +32,16 @@ Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+
+def lane_metric_state(facts: HostFacts) -> str:
+    """The ROCm lane as a metrics state: usable / unusable (within the grace too) / unknown
+    (the probe could not run) / not-amd."""
+    if not facts.amd:
+        return "not-amd"
+    if facts.lane is LaneState.USABLE:
+        return "usable"
+    return "unknown" if facts.lane is LaneState.UNKNOWN else "unusable"
 
 
 def digest(path: Path) -> str | None:
@@ -122,6 +132,7 @@ class Passes:
         wake: Callable[[], None],
     ) -> None:
         self.lock = threading.RLock()
+        self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
             limit=settings.fight_limit, window=settings.fight_window, clock=clock
@@ -220,6 +231,8 @@ class Passes:
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
+        with self.lock:
+            self.progress.metrics.demoted_slots = reconciler.own_demotions
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
 
     def _note_probe(self, raw: HostFacts) -> None:
@@ -306,6 +319,9 @@ class Passes:
             for o in report.relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
+                reason = o.verdict.reason if o.verdict is not None else None
+                m.demotions += reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE
+                m.restores += reason is Reason.RESTORE_OWN_DEMOTION
             m.unreadable_files = sum(
                 1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value
             )
@@ -314,6 +330,7 @@ class Passes:
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
+            m.rocm_lane = lane_metric_state(facts)
         if settings.metrics_textfile is not None:
             self.write_metrics(settings)
 
@@ -323,6 +340,8 @@ class Passes:
             o.key, old=o.verdict.old, new=o.verdict.new, before=before, after=digest(o.path)
         )
         if reverts is not None:
+            with self.lock:
+                self.progress.metrics.fights += 1
             log.error(
                 "slot.fight_detected",
                 slot=o.name,
@@ -339,9 +358,12 @@ class Passes:
     def write_metrics(self, settings: Settings) -> None:
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
+        not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
+        results = self._restarter.results
         with self.lock:
             m = self.progress.metrics
-            m.restarts = {r.value: n for r, n in self._restarter.results.items()}
+            m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.aiter_not_converging = not_converging
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals
@@ -349,14 +371,23 @@ class Passes:
             snapshot = metrics.Metrics(**vars(m))
         folder = settings.metrics_textfile.parent
         try:
-            if not folder.is_dir():
-                folder.mkdir(parents=True, exist_ok=True)
-                folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
-            metrics.write_textfile(settings.metrics_textfile, snapshot)
+            with self._metrics_lock:  # the worker (after a pass) and the main loop (health)
+                if not folder.is_dir():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
+                metrics.write_textfile(settings.metrics_textfile, snapshot)
         except OSError as exc:
             self.problem("metrics", f"cannot write {settings.metrics_textfile}: {exc}")
         else:
             self.clear_problem("metrics")
+
+    def note_health(self, *, healthy: bool, settings: Settings) -> None:
+        """The main loop's verdict, for the ``healthy`` gauge (written when it changes)."""
+        with self.lock:
+            changed = self.progress.metrics.healthy != healthy
+            self.progress.metrics.healthy = healthy
+        if changed and settings.metrics_textfile is not None:
+            self.write_metrics(settings)
 
     def problem(self, key: str, text: str) -> None:
         with self.lock:

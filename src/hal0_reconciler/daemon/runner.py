@@ -347,6 +347,7 @@ class Runner:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
             log.warning("daemon.status_write_failed", error=str(exc))
+        self._passes.note_health(healthy=snapshot["healthy"], settings=self._settings)
         self._notifier.status(line)
 
     def _reload(self) -> bool:
