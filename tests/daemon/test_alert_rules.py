@@ -155,3 +155,23 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
     ):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         assert 0 == result.returncode, result.stdout + result.stderr
+
+
+def test_a_fight_is_counted(host: Host, notify_socket: Any, tmp_path: Path) -> None:
+    """Another writer reverting a slot past fight_limit: fights_total 1, hands_off_slots 1."""
+    metrics_file = tmp_path / "m.prom"
+    slot = drop_slot(host.slots, "agent")
+    settings = host.settings(fight_limit=2, metrics_textfile=str(metrics_file))
+    with running(settings) as daemon:
+        notify_socket.wait_for("READY=1")
+        for n in range(1, 5):
+            wait_until(lambda n=n: daemon.stats().relabels == n, what=f"relabel {n}")
+            drop_slot(host.slots, "agent")  # the other writer puts vulkan back
+        wait_until(
+            lambda: "hal0_reconciler_fights_total 1" in metrics_file.read_text(), what="counted"
+        )
+        wait_until(
+            lambda: "hal0_reconciler_hands_off_slots 1" in metrics_file.read_text(),
+            what="hands off",
+        )
+    assert "gpu-vulkan" == device_of(slot)

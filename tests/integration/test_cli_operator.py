@@ -486,3 +486,27 @@ def test_zsh_completion_is_valid_zsh(completions: Path) -> None:
     assert text.startswith("#compdef hal0-reconciler")
     for verb in ("once", "plan", "probe", "run", "status", "aiter"):
         assert verb in text
+
+
+@pytest.mark.parametrize("fmt", ["json", "journal", "console"])
+def test_a_field_without_a_value_is_left_out_of_the_line(fmt: str) -> None:
+    """`slot=None` is not written (None is Python's word, not an operator's), in every format."""
+    code = (
+        "import structlog;from hal0_reconciler import _log;"
+        "from hal0_reconciler.settings import LogFormat;"
+        f"_log.configure(LogFormat('{fmt}'),'info');"
+        "structlog.get_logger().warning('slot.write_failed', slot=None, path='/x.toml')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        timeout=30,
+        check=True,
+    )
+    assert "slot.write_failed" in result.stderr
+    assert "/x.toml" in result.stderr
+    assert "slot" not in result.stderr.replace("slot.write_failed", "")
+    assert "None" not in result.stderr
+    assert "null" not in result.stderr
