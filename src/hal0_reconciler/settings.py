@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -128,11 +127,7 @@ class Range:
     unit: str = "seconds"
 
     def __contains__(self, value: object) -> bool:
-        return (
-            isinstance(value, int | float)
-            and math.isfinite(value)
-            and (self.low <= value <= self.high)
-        )
+        return isinstance(value, int | float) and self.low <= value <= self.high  # nan: False
 
     def __str__(self) -> str:
         return f"{self.low:g} to {self.high:g}" + (f" {self.unit}" if self.unit else "")

@@ -65,17 +65,21 @@ def test_a_missing_slots_folder_is_degraded_until_it_appears(
 def test_a_service_user_that_does_not_exist_is_degraded(host: Host, notify_socket: Any) -> None:
     """The probe cannot run: warned once, no slot demoted, status degraded naming the user."""
     slot = drop_slot(host.slots, "agent")
+    overrides = host.overrides(service_user="no-such-user-here")
     settings = host.settings(service_user="no-such-user-here")
-    with capture_logs() as logs, running(settings) as daemon:
+    with capture_logs() as logs, running(settings, overrides=overrides) as daemon:
         notify_socket.wait_for("READY=1")
         doc = wait_until(lambda: _health_is(settings, "degraded"), what="degraded status")
-        daemon.request_reload()  # a second full pass: still one warning
+        passes = daemon.stats().full_passes
+        daemon.request_reload()  # the same settings again: another full pass, another probe
         notify_socket.wait_for("READY=1", count=2)
-        wait_until(lambda: daemon.stats().full_passes >= 2, what="a second pass")
+        wait_until(lambda: daemon.stats().full_passes > passes, what="another full pass")
+        assert _health_is(settings, "degraded")
     assert any("no-such-user-here" in p for p in doc["problems"]), doc["problems"]
     assert "gpu-vulkan" == device_of(slot)
     warned = [e for e in logs if e["event"] == "host.probe_failed"]
-    assert ["warning"] == [e["log_level"] for e in warned]
+    assert ["warning"] == [e["log_level"] for e in warned]  # once, not once per pass
+    assert not any(e["event"] == "host.probe_runs_again" for e in logs)
 
 
 def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
