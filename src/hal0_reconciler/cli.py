@@ -218,9 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
             parents=[common],
             help=text,
             description=text[0].upper() + text[1:] + ".",
-            epilog=_epilog(name),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        )  # the epilog (exit codes) and the short usage line come from _finish
         return sub
 
     once = verb("once", "one reconcile pass over every slot, then exit")

@@ -110,6 +110,18 @@ def test_once_exits_3_and_says_which_files_it_could_not_judge(
     assert shown.rstrip().endswith("0 relabelled, 13 kept, 4 problem(s)"), shown
 
 
+def test_a_slot_whose_runtime_cannot_be_resolved_is_not_judged(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
+    """An unreadable profiles file leaves profiled slots unresolved: skipped, and exit 3."""
+    host_dirs["profiles_file"].write_text("this is [not toml\n")
+    result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable", "--json")
+    doc = json.loads(result.stdout)
+    skipped = [s["slot"] for s in doc["slots"] if s["action"] == "skip"]
+    assert (3, True) == (result.returncode, "agent" in skipped), result.stdout
+    assert len(skipped) == doc["unjudged"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
 def test_once_on_a_terminal_summarises_relabels(
     seeded_slots: Path, host_dirs: dict[str, Path]
@@ -136,7 +148,9 @@ def _strings(value: Any) -> list[str]:
 def test_plan_json_has_a_schema_and_null_for_nothing(
     seeded_slots: Path, host_dirs: dict[str, Path]
 ) -> None:
-    """`schema` versions the document; a kept slot's `new` is null, never "" or "-"."""
+    """`schema` versions the document; a kept slot's `new` is null, never "" or "-" (nor an
+    unreadable file's slot name, runtime and device)."""
+    add_unjudgeable_slots(seeded_slots)
     result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable", "--json")
     doc = json.loads(result.stdout)
     assert cli_mod.JSON_SCHEMA == doc["schema"] == 1
