@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -148,7 +149,10 @@ def _epilog(verb: str) -> str:
         lines += [f"  {cmd}\n      {what}" for cmd, what in _EXAMPLES[verb]]
         lines.append("")
     lines.append("exit status:")
-    lines += [f"  {code}  {text}" for code, text in _EXITS[verb]]
+    for code, text in _EXITS[verb]:
+        lines += textwrap.wrap(
+            text, width=79, initial_indent=f"  {code}  ", subsequent_indent=" " * 5
+        )
     return "\n".join(lines)
 
 

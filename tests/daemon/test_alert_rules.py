@@ -7,15 +7,17 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hal0_reconciler import __version__
-from hal0_reconciler.daemon import metrics
+from hal0_reconciler import __version__, reconcile
+from hal0_reconciler.daemon import metrics, passes
 from hal0_reconciler.host import units
-from hal0_reconciler.settings import AiterSettings, AiterTree
+from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hosts import REPO
 
@@ -175,3 +177,55 @@ def test_a_fight_is_counted(host: Host, notify_socket: Any, tmp_path: Path) -> N
             what="hands off",
         )
     assert "gpu-vulkan" == device_of(slot)
+
+
+@pytest.mark.parametrize(
+    ("facts", "state"),
+    [
+        (HostFacts(amd=True, lane=LaneState.USABLE), "usable"),
+        (HostFacts(amd=True, lane=LaneState.UNUSABLE), "unusable"),
+        (HostFacts(amd=True, lane=LaneState.UNSETTLED), "unusable"),  # within the grace
+        (HostFacts(amd=True, lane=LaneState.UNKNOWN), "unknown"),  # the probe cannot run
+        (HostFacts(amd=False, lane=LaneState.UNUSABLE), "not-amd"),
+    ],
+)
+def test_the_lane_state_series(facts: HostFacts, state: str) -> None:
+    """Four states, one series each; an unusable lane within the grace is unusable."""
+    assert state == passes.lane_metric_state(facts)
+    assert state in metrics.LANE_STATES
+
+
+class _Wedged(reconcile.Reconciler):
+    """The real engine, held at every pass after the first until ``gate`` opens."""
+
+    def __init__(self, settings: Settings, gate: threading.Event) -> None:
+        super().__init__(settings)
+        self.gate = gate
+        self.calls = 0
+
+    def reconcile(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls > 1:
+            assert self.gate.wait(20), "the test never released the wedged pass"
+        return super().reconcile(*args, **kwargs)
+
+
+def test_a_stuck_daemon_writes_healthy_0_without_a_pass(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    """A wedged pass never finishes, so no pass writes metrics: the main loop writes
+    `healthy 0` itself, or the unhealthy alert would never fire."""
+    metrics_file = tmp_path / "m.prom"
+    gate = threading.Event()
+    settings = host.settings(stuck_after=0.5, metrics_textfile=str(metrics_file))
+    with running(settings, reconciler_factory=lambda s: _Wedged(s, gate)):
+        try:
+            notify_socket.wait_for("READY=1")
+            wait_until(lambda: "hal0_reconciler_healthy 1" in metrics_file.read_text())
+            drop_slot(host.slots, "agent")  # the second pass wedges
+            wait_until(
+                lambda: "hal0_reconciler_healthy 0" in metrics_file.read_text(),
+                what="healthy 0 while the pass is stuck",
+            )
+        finally:
+            gate.set()
