@@ -21,8 +21,8 @@ import structlog
 from hal0_reconciler import __version__, _log, console, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import units
-from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.host import hal0, units
+from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
 from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
@@ -117,6 +117,9 @@ _PATH_FLAGS = {
     "slots_dir": "slots directory (default /etc/hal0/slots, under $HAL0_HOME when set)",
     "lock_file": "hal0's slot write lock (default <slots-dir>.lock)",
     "profiles_file": "hal0's profile catalog (default /etc/hal0/profiles.toml)",
+    "hal0_venv": "hal0's venv, read for its image sets (default /usr/lib/hal0/venv)",
+    "hal0_release_dir": "hal0's release tree, VERSION (default /usr/lib/hal0/current)",
+    "hal0_config_file": "hal0's settings, [slots].default_images (default /etc/hal0/hal0.toml)",
     "kfd_path": "the KFD node the ROCm lane needs (default /dev/kfd)",
     "dri_dir": "where render nodes live (default /dev/dri)",
     "amdgpu_module_dir": "present on an AMD host (default /sys/module/amdgpu)",
@@ -483,13 +486,18 @@ def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     _require_slots_dir(current)
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
-    report = Reconciler(current, ledger=ledger).reconcile(facts, apply=False)
+    reconciler = Reconciler(current, ledger=ledger)
+    report = reconciler.reconcile(facts, apply=False)
+    read = hal0.Hal0Read(
+        reconciler.hal0_facts or hal0.read_facts(current).facts, reconciler.hal0_problems
+    )
     unjudged = sum(1 for o in report.outcomes if o.status in _UNJUDGED)
     code = EXIT_UNJUDGED if unjudged else EXIT_PENDING if report.pending else EXIT_OK
     if args.json:
-        console.dump_json({**_plan_json(report, facts), "unjudged": unjudged, "exit_code": code})
+        doc = _plan_json(report, facts, read)
+        console.dump_json({**doc, "unjudged": unjudged, "exit_code": code})
     else:
-        print(_plan_table(report, facts))
+        print(_plan_table(report, facts, read))
         if unjudged:
             print(f"{unjudged} slot file(s) could not be judged: see their REASON")
     return code
@@ -521,9 +529,17 @@ def _plan_rows(report: PassReport) -> list[dict[str, str]]:
                 "action": _action_word(o.status),
                 "new": (v.new or "") if v and o.status is OutcomeStatus.PENDING else "",
                 "reason": v.reason.value if v else (o.message or ""),
+                "image": (v.image.image or "-") if v and v.image else "-",
+                "from": _rung_word(v.image) if v and v.image else "-",
+                "capable": ("yes" if v.image.capable else "no") if v and v.image else "-",
             }
         )
     return rows
+
+
+def _rung_word(image: ImageResolution) -> str:
+    """The rung, marked when a stale former default was looked through to reach it."""
+    return f"{image.rung.value}<-stale" if image.stale is not None else image.rung.value
 
 
 def _action_word(status: OutcomeStatus) -> str:
@@ -541,11 +557,34 @@ def _facts_line(facts: HostFacts) -> str:
     return f"host: AMD, ROCm lane {facts.lane.value} ({why})"
 
 
-def _plan_table(report: PassReport, facts: HostFacts) -> str:
+def _hal0_lines(read: hal0.Hal0Read) -> list[str]:
+    f = read.facts
+    version = f.version or "version unknown"
+    capable = ", ".join(sorted(f.capable)) or "none"
+    lines = [f"hal0: {version}; default image {f.default_image}; Vulkan-capable: {capable}"]
+    lines += [f"  hal0 fact fallback: {p.line()}" for p in read.problems]
+    return lines
+
+
+_COLUMNS = (
+    "slot",
+    "file",
+    "runtime",
+    "device",
+    "action",
+    "new",
+    "reason",
+    "image",
+    "from",
+    "capable",
+)
+
+
+def _plan_table(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> str:
     rows = _plan_rows(report)
-    head = {k: k.upper() for k in ("slot", "file", "runtime", "device", "action", "new", "reason")}
+    head = {k: k.upper() for k in _COLUMNS}
     widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
-    lines = [_facts_line(facts), ""]
+    lines = [_facts_line(facts), *_hal0_lines(read), ""]
     lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
     pending = len(report.pending)
     lines += ["", f"{pending} change(s) pending" if pending else "no changes"]
@@ -559,24 +598,51 @@ def _host_json(facts: HostFacts) -> dict[str, Any]:
     return {"amd": True, "rocm_lane": facts.lane.value, "reason": why}
 
 
-def _plan_json(report: PassReport, facts: HostFacts) -> dict[str, Any]:
+def _plan_json(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "host": _host_json(facts),
+        "hal0": _hal0_json(read),
         "slots": [
-            {"path": str(o.path), **{k: None if v in ("", "-") else v for k, v in row.items()}}
+            {
+                "path": str(o.path),
+                **{k: None if v in ("", "-") else v for k, v in row.items()},
+                "effective_image": _image_json(o),
+            }
             for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
         ],
         "pending": len(report.pending),
     }
 
 
-def _probe_doc(current: settings.Settings, facts: HostFacts) -> dict[str, Any]:
+def _hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:
+    return {**hal0.describe(read.facts), "problems": [p.line() for p in read.problems] or None}
+
+
+def _image_json(outcome: Any) -> dict[str, Any] | None:
+    """A candidate's effective image: what, from which rung of which runner, capable or not."""
+    v = outcome.verdict
+    if v is None or v.image is None:
+        return None
+    i = v.image
+    return {
+        "image": i.image,
+        "rung": i.rung.value,
+        "runner": i.runner,
+        "capable": i.capable,
+        "stale_looked_through": i.stale,
+        "error": i.error,
+        "explain": i.explain(),
+    }
+
+
+def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
     """What `probe` found, as data; the text output is printed from it."""
     doc: dict[str, Any] = {
         "schema": JSON_SCHEMA,
         "amd": facts.amd,
         "amdgpu_module_dir": str(current.amdgpu_module_dir),
+        "hal0": {**_hal0_json(read), "sources": dict(sorted(read.facts.sources.items()))},
         "rocm_lane": facts.lane.value if facts.amd else None,
         "reason": facts.lane_reason if facts.amd else "not an AMD host",
         "service_user": None,
@@ -585,7 +651,13 @@ def _probe_doc(current: settings.Settings, facts: HostFacts) -> dict[str, Any]:
     probe = facts.probe
     if probe is not None and probe.credentials is not None:
         c = probe.credentials
-        doc["service_user"] = {"name": c.user, "uid": c.uid, "gid": c.gid, "groups": c.groups}
+        doc["service_user"] = {
+            "name": c.user,
+            "uid": c.uid,
+            "gid": c.gid,
+            "groups": c.groups,
+            "why": c.why,
+        }
     if probe is not None:
         doc["render_node"] = probe.render_node
         doc["failures"] = [
@@ -597,12 +669,16 @@ def _probe_doc(current: settings.Settings, facts: HostFacts) -> dict[str, Any]:
 
 def _probe(current: settings.Settings, *, as_json: bool = False) -> int:
     facts = host_facts.gather(current)
+    read = hal0.read_facts(current)
     code = EXIT_OK if facts.amd and facts.lane is LaneState.USABLE else EXIT_ERROR
-    doc = _probe_doc(current, facts)
+    doc = _probe_doc(current, facts, read)
     if as_json:
         console.dump_json({**doc, "exit_code": code})
         return code
     print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
+    print("\n".join(_hal0_lines(read)))
+    for fact, source in doc["hal0"]["sources"].items():
+        print(f"  {fact}: {source}")
     if not facts.amd:
         print("ROCm lane: not probed (not an AMD host)")
         return code
@@ -610,9 +686,10 @@ def _probe(current: settings.Settings, *, as_json: bool = False) -> int:
     if user is not None:
         groups = ",".join(str(g) for g in user["groups"])
         print(
-            f"service user: {user['name']} (uid {user['uid']}, gid {user['gid']}, "
+            f"probed as: {user['name']} (uid {user['uid']}, gid {user['gid']}, "
             f"groups {groups or '-'})"
         )
+        print(f"  why this identity: {user['why'] or 'given'}")
     print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
     for failure in doc["failures"]:
         errno = failure["errno"]

@@ -106,3 +106,16 @@ def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
         == failed["error"]
     )
     assert "keeping the old settings" == failed["action"]
+
+
+def test_status_json_says_running_before_ready_is_sent(host: Host, notify_socket: Any) -> None:
+    """Whoever READY=1 wakes (systemctl start, a test, a deploy script) reads a status.json
+    that already has the first pass: the STATUS= sent with it comes before READY=1."""
+    drop_slot(host.slots, "agent")
+    with running(host.settings()):
+        notify_socket.wait_for("READY=1")
+        messages = notify_socket.messages()
+    before_ready = messages[: messages.index("READY=1")]
+    statuses = [m for m in before_ready if m.startswith("STATUS=")]
+    assert statuses, messages
+    assert "last pass pending" not in statuses[-1], messages

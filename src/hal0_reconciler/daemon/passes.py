@@ -22,7 +22,7 @@ import structlog
 
 from hal0_reconciler import lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
-from hal0_reconciler.host import units
+from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 
@@ -68,6 +68,7 @@ class Progress:
     slots: dict[SlotKey, dict[str, Any]] = field(default_factory=dict)
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
+    hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,20 @@ class Passes:
         with self.lock:
             self.progress.metrics.demoted_slots = reconciler.own_demotions
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        self._note_hal0(reconciler)
+
+    def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
+        """hal0's facts for the status; a source hal0 wrote in a shape we do not understand is a
+        problem (the newest known values stand in until it is fixed)."""
+        if reconciler.hal0_facts is not None:
+            described = hal0.describe(reconciler.hal0_facts)
+            with self.lock:
+                self.progress.hal0 = described
+        loud = [p.line() for p in reconciler.hal0_problems if p.not_understood]
+        if loud:
+            self.problem("hal0", "; ".join(loud))
+        else:
+            self.clear_problem("hal0")
 
     def _note_probe(self, raw: HostFacts) -> None:
         """A probe that cannot run (no such service user...) proves nothing and demotes
@@ -320,7 +335,7 @@ class Passes:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
                 reason = o.verdict.reason if o.verdict is not None else None
-                m.demotions += reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE
+                m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
                 m.restores += reason is Reason.RESTORE_OWN_DEMOTION
             m.unreadable_files = sum(
                 1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value

@@ -29,7 +29,7 @@ from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import units
+from hal0_reconciler.host import hal0, units
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
@@ -160,7 +160,7 @@ class Runner:
         extra: dict[str, Any] = {}
         if self._observer_factory is not None:
             extra["observer_factory"] = self._observer_factory
-        return watch.Watcher(
+        watcher = watch.Watcher(
             slots_dir=settings.slots_dir.absolute(),
             dev_dir=settings.kfd_path.parent.absolute() if settings.watch_dev else None,
             kfd_name=settings.kfd_path.name,
@@ -171,6 +171,8 @@ class Runner:
             aiter_dirs=self._aiter.watch_paths(),
             **extra,
         )
+        watcher.set_hal0_files(hal0.hal0_paths(settings).watched())
+        return watcher
 
     def serve(self) -> int:
         """Run until ``request_stop``; returns the exit code."""
@@ -243,6 +245,7 @@ class Runner:
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
+            watcher.set_hal0_files(hal0.hal0_paths(self._settings).watched())  # a new venv
             due = resync_at is not None and now >= resync_at
             triggers = watcher.check(retry_failures=due)
             if watch.Trigger.OBSERVER_DIED in triggers:
@@ -268,12 +271,11 @@ class Runner:
                 full_passes = progress.full_passes
                 # a batch's end counts too: its problems and metrics come after its pass/check
                 passes_done = progress.passes + self._aiter.generation() + progress.batches
-            if ready_after is not None and full_passes >= ready_after:
+            became_ready = ready_after is not None and full_passes >= ready_after
+            if became_ready:
                 ready_after = None
-                self._notifier.ready()
-                log.info("daemon.ready", watches=watcher.health().mode)
             problems = self._health(worker, now)
-            changed = self._check_slots_dir()
+            changed = self._check_slots_dir() or became_ready
             changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
@@ -284,6 +286,9 @@ class Runner:
                 reported_problems = problems
                 next_status = now + status.HEARTBEAT
                 self._publish(problems, ready=ready_after is None)
+            if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
+                self._notifier.ready()
+                log.info("daemon.ready", watches=watcher.health().mode)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
