@@ -49,6 +49,8 @@ def describe(exc: BaseException) -> str:
         return "nested too deeply to process"
     if isinstance(exc, MemoryError):
         return "too large to process (out of memory)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start} is not valid UTF-8)"
     if isinstance(exc, UnicodeError):
         return f"not UTF-8: {exc}"
     if isinstance(exc, tomllib.TOMLDecodeError):

@@ -139,6 +139,11 @@ class Reconciler:
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
 
+    @property
+    def own_demotions(self) -> int:
+        """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
+        return len(self._ledger.keys())
+
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
 

@@ -251,7 +251,7 @@ def test_mutated_slot_files_through_plan_and_once(host: Host) -> None:
             except Exception:
                 problems.append(f"batch {start}: {verb} hung")
                 continue
-            if support.tracebacks(done.stderr) or done.returncode not in (0, 1, 2):
+            if support.tracebacks(done.stderr) or done.returncode not in (0, 1, 2, 3):
                 support.FIGURES["crashes"] += 1
                 problems.append(
                     f"batch {start}: {verb} exit {done.returncode}: {done.stderr[-2000:]}"

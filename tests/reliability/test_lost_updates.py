@@ -58,7 +58,7 @@ def test_a_hal0_writer_racing_the_daemon_while_the_lane_flaps(host: Host) -> Non
 
     with NotifySocket() as sock:
         child = support.start_daemon(
-            host, sock.path, settle_window="0.01", demote_grace="0", fight_limit="100000"
+            host, sock.path, settle_window="0.01", demote_grace="0", fight_limit="1000"
         )
         flapper = threading.Thread(target=flap, name="test-lane-flapper")
         try:
