@@ -44,11 +44,13 @@ def _kill_rounds(host: Host, verb: str, rounds: int, seed: int) -> tuple[int, in
     argv = support.cli_argv(host, verb)
     old = _reset(host)
     child = subprocess.Popen(argv, env=support.cli_env(), stdout=subprocess.DEVNULL)
-    began = _first_write(min(old.items()), child)
-    last = max(old.items())
-    support.wait_for(lambda: last[0].read_bytes() != last[1], timeout=60, what="the whole pass")
-    span = time.monotonic() - began  # how long the writes of a whole pass take here
-    support.kill_tree(child)
+    try:
+        began = _first_write(min(old.items()), child)
+        last = max(old.items())
+        support.wait_for(lambda: last[0].read_bytes() != last[1], timeout=60, what="the whole pass")
+        span = time.monotonic() - began  # how long the writes of a whole pass take here
+    finally:
+        support.kill_tree(child)
     torn = temps = 0
     for _ in range(rounds):
         old = _reset(host)

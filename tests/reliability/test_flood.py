@@ -50,12 +50,12 @@ def test_a_flood_beyond_the_inotify_queue(host: Host) -> None:
     original = MAX_QUEUED.read_text()
     with NotifySocket() as sock:
         MAX_QUEUED.write_text("64\n")
+        child = support.start_daemon(host, sock.path)
         try:
-            child = support.start_daemon(host, sock.path)
-            sock.wait_for("READY=1", timeout=30)  # its watches (and tiny queues) are in place
-        finally:
-            MAX_QUEUED.write_text(original)
-        try:
+            try:
+                sock.wait_for("READY=1", timeout=30)  # its watches (and tiny queues) are there
+            finally:
+                MAX_QUEUED.write_text(original)
             process = psutil.Process(child.pid)
             time.sleep(1)
             before = process.memory_info().rss / 2**20

@@ -67,9 +67,12 @@ def test_sigterm_during_a_lock_wait(host: Host) -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
-            time.sleep(2.5)  # started, probed, reading: now waiting for the lock
-            assert child.poll() is None
-            seconds, code = _stop(child)
+            try:
+                time.sleep(2.5)  # started, probed, reading: now waiting for the lock
+                assert child.poll() is None
+                seconds, code = _stop(child)
+            finally:
+                support.kill_tree(child)
             support.NOTES[f"exit after SIGTERM during a lock wait ({verb})"] = f"{seconds:.2f} s"
             assert seconds <= STOP_BUDGET
             assert code == (0 if verb == "run" else 1)

@@ -79,18 +79,10 @@ class Progress:
 
 
 def failures(owner: Passes) -> list[str]:
-    """Why the worker's side cannot do its job: its last batch failed, slots cannot be written,
-    the ROCm-lane probe cannot run at all (for the main loop's health)."""
+    """Why the worker's side is broken: its last batch failed (for the main loop's health)."""
     with owner.lock:
-        p = owner.progress
-        found = [f"the last pass failed: {p.failure}"] if p.failure is not None else []
-        if p.write_failures:
-            first = next(iter(p.write_failures.values()))
-            found.append(f"{len(p.write_failures)} slot file(s) cannot be written ({first})")
-        facts = p.facts
-    if facts is not None and facts.amd and facts.lane is LaneState.UNKNOWN:
-        found.append(f"the ROCm-lane probe cannot run: {facts.lane_reason}")
-    return found
+        failure = owner.progress.failure
+    return [f"the last pass failed: {failure}"] if failure is not None else []
 
 
 def _write_failures(
@@ -363,6 +355,13 @@ class Passes:
                 if o.status is statuses.GONE:
                     slots.pop(o.key, None)
             p.write_failures = _write_failures(report, {} if full else p.write_failures)
+            if p.write_failures:  # degraded: the daemon runs, part of its job cannot be done
+                first = next(iter(p.write_failures.values()))
+                self.problem(
+                    "writes", f"{len(p.write_failures)} slot file(s) cannot be written ({first})"
+                )
+            else:
+                self.clear_problem("writes")
             hands_off = self.fights.hands_off
             for key, entry in seen.items():
                 kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
@@ -394,6 +393,14 @@ class Passes:
             m.rocm_lane = lane_metric_state(facts)
         if settings.metrics_textfile is not None:
             self.write_metrics(settings)
+
+    def _note_write_failures(self, failing: dict[SlotKey, str]) -> None:
+        """Degraded while a slot cannot be written: the daemon runs, part of its job does not."""
+        if failing:
+            first = next(iter(failing.values()))
+            self.problem("writes", f"{len(failing)} slot file(s) cannot be written ({first})")
+        else:
+            self.clear_problem("writes")
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
