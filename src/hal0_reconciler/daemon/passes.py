@@ -269,6 +269,7 @@ class Passes:
         with self.lock:
             self.progress.metrics.demoted_slots = reconciler.own_demotions
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        self._note_write_failures(report, full=full)
         self._note_hal0(reconciler)
         if len(report.outcomes) >= memory.BIG_BATCH:
             del report, before
@@ -354,14 +355,6 @@ class Passes:
             for o in report.outcomes:
                 if o.status is statuses.GONE:
                     slots.pop(o.key, None)
-            p.write_failures = _write_failures(report, {} if full else p.write_failures)
-            if p.write_failures:  # degraded: the daemon runs, part of its job cannot be done
-                first = next(iter(p.write_failures.values()))
-                self.problem(
-                    "writes", f"{len(p.write_failures)} slot file(s) cannot be written ({first})"
-                )
-            else:
-                self.clear_problem("writes")
             hands_off = self.fights.hands_off
             for key, entry in seen.items():
                 kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
@@ -394,8 +387,11 @@ class Passes:
         if settings.metrics_textfile is not None:
             self.write_metrics(settings)
 
-    def _note_write_failures(self, failing: dict[SlotKey, str]) -> None:
+    def _note_write_failures(self, report: reconcile.PassReport, *, full: bool) -> None:
         """Degraded while a slot cannot be written: the daemon runs, part of its job does not."""
+        with self.lock:
+            p = self.progress
+            failing = p.write_failures = _write_failures(report, {} if full else p.write_failures)
         if failing:
             first = next(iter(failing.values()))
             self.problem("writes", f"{len(failing)} slot file(s) cannot be written ({first})")
