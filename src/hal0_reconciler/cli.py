@@ -1,4 +1,4 @@
-"""The command line: `hal0-reconciler once | plan | probe | run | status | aiter ...`.
+"""The command line: `hal0-reconciler once | plan | probe | run | status | reload | aiter ...`.
 
 Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings,
 the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("probe", parents=[common], help="print the host facts and the probe verdict")
     verbs.add_parser("run", parents=[common], help="the daemon (systemd Type=notify)")
     verbs.add_parser("status", parents=[common], help="report on the running daemon")
+    reload = verbs.add_parser(
+        "reload", parents=[common], help="reload the daemon's settings and wait until they are live"
+    )
+    reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
+    reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
     try:
         from hal0_reconciler.aiter import cli as aiter_cli
     except ImportError:  # pragma: no cover - the aiter verbs are optional during development
@@ -137,6 +142,12 @@ def _dispatch(
 
         text, code = status.report(current)
         print(text)
+        return code
+    if verb == "reload":
+        from hal0_reconciler.daemon import status
+
+        text, code = status.reload(current, pid=args.pid, timeout=args.timeout)
+        print(text, file=sys.stdout if code == status.EXIT_OK else sys.stderr)
         return code
     from hal0_reconciler.aiter import cli as aiter_cli
 

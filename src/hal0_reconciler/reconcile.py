@@ -51,6 +51,7 @@ class Outcome:
     status: OutcomeStatus
     verdict: Verdict | None = None
     message: str | None = None
+    errno: int | None = None  # a failed write's OSError errno (EROFS, EACCES, ...)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,14 @@ class PassReport:
 
 
 _UNREAD = object()  # the profiles file has not been read yet
+
+
+def _write_failed(
+    key: SlotKey, path: Path, doc: document.SlotDoc, verdict: Verdict, exc: Exception
+) -> Outcome:
+    errno = getattr(exc, "errno", None)
+    status = OutcomeStatus.WRITE_FAILED
+    return Outcome(key, path, doc.name, doc.token, status, verdict, str(exc), errno)
 
 
 def slot_key(path: Path) -> SlotKey:
@@ -155,9 +164,7 @@ class Reconciler:
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:
-            return Outcome(
-                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
-            )
+            return _write_failed(key, path, doc, verdict, exc)
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
         # Re-read and decide again: another writer may have changed the file meanwhile.
@@ -175,9 +182,7 @@ class Reconciler:
             result = edit.set_device(text, table=doc.table, new=verdict.new)
             store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
         except (EditRefused, WriteRefused, OSError) as exc:
-            return Outcome(
-                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
-            )
+            return _write_failed(key, path, doc, verdict, exc)
         if verdict.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
@@ -261,7 +266,10 @@ class Reconciler:
                 _log.warning("slot.comments_lost", **fields, reason=o.message)
             return
         if o.status is OutcomeStatus.WRITE_FAILED:
-            _log.error("slot.write_failed", **fields, error=o.message)
+            if self._cancelled is not None and self._cancelled():  # an orderly stop, not an error
+                _log.info("slot.write_abandoned", **fields, reason="stopping", error=o.message)
+            else:
+                _log.error("slot.write_failed", **fields, error=o.message)
             return
         problem: tuple[object, ...] | None = None
         if o.status in (OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR):

@@ -10,6 +10,7 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
@@ -32,6 +33,24 @@ Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+# Slot writes failing for these reasons will not get better by waiting (a read-only view of the
+# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it is
+# unhealthy (status, STATUS=, no WATCHDOG=1: under the unit, systemd restarts it with a fresh
+# view of the file system) until a pass writes them.
+LASTING_WRITE_ERRORS = frozenset(
+    {
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ENOSPC,
+        errno.EDQUOT,
+    }
+)
+# Problems (keys of Progress.problems) that make the daemon unhealthy; others are only shown.
+HEALTH_PROBLEMS = frozenset({"writes", "aiter"})
 
 
 def digest(path: Path) -> str | None:
@@ -135,6 +154,7 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
+        self._failing_writes: dict[SlotKey, str] = {}  # worker thread only
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -262,6 +282,7 @@ class Passes:
             seen[o.key] = entry
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+        self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
@@ -314,6 +335,21 @@ class Passes:
             )
         if o.name is not None and o.token is not None:
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
+
+    def _note_write_failures(self, report: reconcile.PassReport) -> None:
+        """The "writes" problem: slots whose last write failed for a lasting reason."""
+        for o in report.outcomes:
+            failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
+            if failing and o.errno in LASTING_WRITE_ERRORS:
+                self._failing_writes[o.key] = f"{o.path}: {o.message}"
+            else:
+                self._failing_writes.pop(o.key, None)
+        if not self._failing_writes:
+            self.clear_problem("writes")
+            return
+        first = min(self._failing_writes.values())
+        more = len(self._failing_writes) - 1
+        self.problem("writes", f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
 
     # -- reporting --------------------------------------------------------------------------------
     def write_metrics(self, settings: Settings) -> None:

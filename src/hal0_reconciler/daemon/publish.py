@@ -45,7 +45,7 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             "heartbeat": status.HEARTBEAT,
             "ready": ready,
             "healthy": not problems,
-            "problems": [*problems, *p.problems.values()],
+            "problems": [*problems, *(v for v in p.problems.values() if v not in problems)],
             "passes": p.passes,
             "relabels_total": p.relabels_total,
             "last_pass": {

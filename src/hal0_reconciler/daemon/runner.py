@@ -130,6 +130,7 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -237,8 +238,11 @@ class Runner:
                 if self._reload():
                     with lock:
                         ready_after = progress.full_passes + 1
+                    self._reloads.pending = True
                 else:
                     self._notifier.ready()
+                    self._reloads.finished(ok=False)
+                    reported_passes = -1  # publish now: `reload` is waiting for it
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
@@ -271,6 +275,9 @@ class Runner:
                 ready_after = None
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
+                if self._reloads.pending:  # the new settings' first full pass is done
+                    self._reloads.finished(ok=True)
+                    reported_passes = -1
             problems = self._health(worker, now)
             changed = passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
@@ -305,6 +312,9 @@ class Runner:
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
+        with self._passes.lock:  # slot writes failing, an aiter check that cannot run
+            found = self._passes.progress.problems
+            problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
         return problems
 
     def _publish(self, problems: list[str], *, ready: bool) -> None:
@@ -318,6 +328,7 @@ class Runner:
             started_at=self._started_at,
         )
         snapshot, line = publish.compose(sources, problems, ready=ready)
+        snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
