@@ -8,6 +8,7 @@ the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -107,7 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         overrides = _overrides(args)
-        current = settings.load(args.config, overrides)
+        try:
+            current = settings.load(args.config, overrides)
+        except SettingsError:
+            if args.verb != "reload":
+                raise
+            # `reload` only needs the runtime folder: the daemon judges the new file itself
+            # (and refuses it, keeping its old settings, which `reload` then reports)
+            current = settings.Settings()
+            if args.runtime_dir is not None:
+                current = dataclasses.replace(current, runtime_dir=args.runtime_dir)
     except ReconcilerError as exc:
         print(f"hal0-reconciler: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -147,7 +157,10 @@ def _dispatch(
         from hal0_reconciler.daemon import status
 
         text, code = status.reload(current, pid=args.pid, timeout=args.timeout)
-        print(text, file=sys.stdout if code == status.EXIT_OK else sys.stderr)
+        if code != status.EXIT_OK:
+            print(text, file=sys.stderr)
+        elif sys.stdout.isatty():  # under systemd (ExecReload) success says nothing
+            print(text)
         return code
     from hal0_reconciler.aiter import cli as aiter_cli
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "hal0-reconciler-test"
+FILES = "/srv/hal0-test"  # the tests bind a host folder here: the .deb and test files
+DEV = "/srv/hal0-dev"  # ... and the fake /dev here: kfd and dri/renderD128, made on the host
 BOOT_TIMEOUT = 90.0
 
 
