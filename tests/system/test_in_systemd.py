@@ -1,7 +1,7 @@
 """The installed package under a real systemd 252 (Debian 12, Debian's own python3 libraries).
 
 One container per module, booted from the cached Debian 12 root; the .deb is installed with
-``dpkg -i`` exactly as the README's "Install on Debian" says. The tests run in file order and
+``apt install`` exactly as the README's "Install on Debian" says. The tests run in file order and
 each sets the settings it needs (``/etc/hal0/reconciler.toml``) before restarting the service.
 Not testable here (say so, don't claim it): the container has no cgroup controllers, so
 resource limits are not exercised, and ``IPAddressDeny=`` is not enforced.
@@ -119,7 +119,7 @@ def invocation(box: nspawn.Container) -> str:
 
 
 def test_the_package_installs_enables_starts_and_creates_the_user(box: nspawn.Container) -> None:
-    """dpkg -i: the command in /usr/bin, the unit enabled and started, the hal0 user made
+    """apt install: the command in /usr/bin, the unit enabled and started, the hal0 user made
     (sysusers applied in postinst), the man pages and the example settings in place."""
     assert "enabled" == box.run(f"systemctl is-enabled {UNIT}").stdout.strip()
     assert "active" == box.run(f"systemctl is-active {UNIT}").stdout.strip()
