@@ -45,7 +45,8 @@ def test_the_debian_dependencies_are_the_runtime_dependencies() -> None:
     assert depends is not None
     names = {n.strip().rstrip(",") for n in depends[1].split() if n.startswith("python3-")}
     wanted = {
-        "python3-" + re.split(r"[<>=!~ ]", d)[0].lower() for d in PYPROJECT["project"]["dependencies"]
+        "python3-" + re.split(r"[<>=!~ ]", d)[0].lower()
+        for d in PYPROJECT["project"]["dependencies"]
     }
     assert wanted == names
     assert re.search(r"^Recommends: python3-systemd,?$", binary, re.MULTILINE)

@@ -158,7 +158,9 @@ def test_activating_until_the_first_pass_then_active_with_its_status_line(
         box.run("systemctl stop hal0-test-lock", check=False)
     wait_until("active", lambda: show(box)["ActiveState"] == "active")
     status_text = show(box)["StatusText"]
-    assert re.fullmatch(r"\d+ slots, \d+ relabelled, rocm lane usable, last pass \d+s ago.*", status_text)
+    assert re.fullmatch(
+        r"\d+ slots, \d+ relabelled, rocm lane usable, last pass \d+s ago.*", status_text
+    )
     assert "gpu-rocm" == device_of(box, "first")
 
 
@@ -170,7 +172,9 @@ def test_a_vulkan_slot_is_relabelled_and_demoted_with_a_warning_selected_by_slot
 ) -> None:
     configure(box, amd_settings())
     box.write(f"{SLOTS}/rocmable.toml", slot_text("rocmable"))
-    wait_until("rocmable relabelled to gpu-rocm", lambda: device_of(box, "rocmable") == "gpu-rocm", 10)
+    wait_until(
+        "rocmable relabelled to gpu-rocm", lambda: device_of(box, "rocmable") == "gpu-rocm", 10
+    )
     after = box.read(f"{SLOTS}/rocmable.toml")
     assert after == slot_text("rocmable", "gpu-rocm")  # only the value changed
 
@@ -241,11 +245,19 @@ def test_an_active_slot_is_restarted_through_the_api_and_stopped_when_it_is_down
     box.write("/usr/local/bin/fake-hal0-api", FAKE_API, mode="0755")
     box.write("/etc/systemd/system/hal0-slot@.service", SLOT_UNIT)
     box.write("/etc/systemd/system/fake-hal0-api.service", API_UNIT)
-    box.run("systemctl daemon-reload && systemctl start fake-hal0-api hal0-slot@chat hal0-slot@voice")
+    box.run(
+        "systemctl daemon-reload && systemctl start fake-hal0-api hal0-slot@chat hal0-slot@voice"
+    )
     configure(box, amd_settings())
     wait_until(
         "the fake API to listen",
-        lambda: box.run("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8080))\"", check=False).returncode == 0,
+        lambda: (
+            box.run(
+                "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8080))\"",
+                check=False,
+            ).returncode
+            == 0
+        ),
     )
     before = show(box, "hal0-slot@chat")["InvocationID"]
     box.write(f"{SLOTS}/chat.toml", slot_text("chat"))
@@ -321,7 +333,9 @@ def test_reload_returns_only_once_the_new_settings_are_live(box: nspawn.Containe
     now = status_json(box)
     assert (good["generation"] + 1, False) == (now["reload"]["generation"], now["reload"]["ok"])  # type: ignore[index]
     assert folders[folder] == set(now["slots"])  # type: ignore[arg-type]
-    refused = box.run(f"journalctl --no-pager -o cat -p err _SYSTEMD_INVOCATION_ID={invocation(box)}").stdout
+    refused = box.run(
+        f"journalctl --no-pager -o cat -p err _SYSTEMD_INVOCATION_ID={invocation(box)}"
+    ).stdout
     assert "daemon.reload_failed" in refused
 
 
@@ -373,7 +387,10 @@ def _aiter_files(into: Path) -> None:
     stem = "a8w8_blockscale_bpreshuffle_tuned_gemm"
     route = next(t for t in rules.tables if t.stem == stem)
     need: dict[str, set[str]] = {}
-    for path in [configs / f"{stem}.csv", *sorted((configs / "model_configs").glob(f"*{stem}*.csv"))]:
+    for path in [
+        configs / f"{stem}.csv",
+        *sorted((configs / "model_configs").glob(f"*{stem}*.csv")),
+    ]:
         if "untuned" in path.name:
             continue
         table = tables.parse_table(
@@ -485,7 +502,9 @@ def test_etc_hal0_recreated_while_running_is_unhealthy_then_healed_by_a_restart(
         80,
     )
     assert int(show(box)["NRestarts"]) > restarts
-    wait_until("healthy again", lambda: box.run("hal0-reconciler status", check=False).returncode == 0)
+    wait_until(
+        "healthy again", lambda: box.run("hal0-reconciler status", check=False).returncode == 0
+    )
 
 
 # --- 8. exposure ---------------------------------------------------------------------------------------
