@@ -80,11 +80,16 @@ def amd_settings(**extra: object) -> dict[str, object]:
     }
 
 
+def restart_service(box: nspawn.Container, verb: str = "restart") -> None:
+    """The tests restart far more often than StartLimitBurst=5 per 300 s allows: reset it."""
+    box.run(f"systemctl reset-failed {UNIT}; systemctl {verb} {UNIT}", timeout=60)
+
+
 def configure(box: nspawn.Container, values: dict[str, object], *, restart: bool = True) -> None:
     box.run(f"mkdir -p {AMD_DIR} {SLOTS}")
     box.write("/etc/hal0/reconciler.toml", settings_text(**values))
     if restart:
-        box.run(f"systemctl restart {UNIT}", timeout=60)
+        restart_service(box)
         assert show(box)["ActiveState"] == "active"
 
 
@@ -150,7 +155,7 @@ def test_activating_until_the_first_pass_then_active_with_its_status_line(
     configure(box, amd_settings(lock_timeout=60.0), restart=False)
     box.run("systemd-run --unit=hal0-test-lock flock /etc/hal0/slots.lock sleep 120")
     try:
-        box.run(f"systemctl restart --no-block {UNIT}")
+        restart_service(box, "restart --no-block")
         wait_until("the unit to be activating", lambda: show(box)["ActiveState"] == "activating")
         time.sleep(1.0)
         assert ("activating", "start") == (show(box)["ActiveState"], show(box)["SubState"])
@@ -359,7 +364,7 @@ def test_stop_during_a_lock_wait_is_quick_clean_and_logs_no_error(box: nspawn.Co
     assert [] == [e.get("MESSAGE") for e in errors]
     said = box.run(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={stopped}").stdout
     assert "slot.write_abandoned" in said  # it really was waiting for the lock
-    box.run(f"systemctl start {UNIT}")
+    restart_service(box, "start")
 
 
 # --- 6. the aiter self-heal under the unit ----------------------------------------------------------------
@@ -434,7 +439,7 @@ def test_the_service_waits_for_a_root_build_then_quarantines_the_stale_module(
         f'\n[[aiter.trees]]\npackage_dir = "{AITER_PKG}"\ntarget = "gfx950:256"\nslot_envs = false\n'
     )
     box.write("/etc/hal0/reconciler.toml", text)
-    box.run(f"systemctl restart {UNIT}", timeout=60)
+    restart_service(box)
     try:
         refused = wait_until(
             "the heal to be refused while the root build runs",
@@ -464,7 +469,7 @@ def test_the_service_waits_for_a_root_build_then_quarantines_the_stale_module(
 
 def test_etc_hal0_absent_at_start_is_created_writable(box: nspawn.Container) -> None:
     box.run(f"systemctl stop {UNIT} && rm -rf /etc/hal0")
-    box.run(f"systemctl start {UNIT}")
+    restart_service(box, "start")
     box.run(f"mkdir -p {AMD_DIR} {SLOTS}")
     configure(box, amd_settings(), restart=False)
     box.run(f"systemctl reload {UNIT}")
@@ -519,3 +524,14 @@ def test_security_exposure_inside_systemd_252(box: nspawn.Container) -> None:
     exposure = float(match[1])
     print(f"systemd-analyze security {UNIT}: exposure {exposure}")
     assert exposure <= EXPOSURE_LIMIT, out
+
+
+def test_nothing_was_logged_as_a_traceback_at_info_or_below(box: nspawn.Container) -> None:
+    """Over the whole run (watchdog kill included): no traceback or stack dump below warning."""
+    low = [
+        e.get("MESSAGE")
+        for e in journal_entries(box, f"-u {UNIT}")
+        if int(e.get("PRIORITY", 6)) > 4
+        and re.search(r"Traceback|most recent call|File \"/", str(e.get("MESSAGE", "")))
+    ]
+    assert [] == low
