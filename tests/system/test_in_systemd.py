@@ -106,7 +106,11 @@ def slot_text(name: str, device: str = "gpu-vulkan") -> str:
 
 
 def device_of(box: nspawn.Container, name: str) -> str | None:
-    text = box.run(f"cat {SLOTS}/{name}.toml", check=False).stdout
+    return device_of_path(box, f"{SLOTS}/{name}.toml")
+
+
+def device_of_path(box: nspawn.Container, path: str) -> str | None:
+    text = box.run(f"cat {path}", check=False).stdout
     match = re.search(r'^device = "([^"]*)"', text, re.MULTILINE)
     return match[1] if match else None
 
@@ -330,6 +334,19 @@ def test_reload_returns_only_once_the_new_settings_are_live(box: nspawn.Containe
         box.write("/etc/hal0/reconciler.toml", settings_text(slots_dir=folder))
         box.run(f"systemctl reload {UNIT}", timeout=60)
         assert folders[folder] == set(status_json(box)["slots"]), f"reload {i}: not live yet"  # type: ignore[arg-type]
+    # a reload whose first pass has to wait ~2 s for hal0's slot lock: `systemctl reload`
+    # returns after it, with the new folder's slot already relabelled (kill -HUP returned at once)
+    box.write("/etc/hal0/slots-c/slow.toml", slot_text("slow"))
+    box.run("systemd-run --unit=hal0-test-lock3 flock /etc/hal0/slots-c.lock sleep 2")
+    box.write(
+        "/etc/hal0/reconciler.toml",
+        settings_text(**amd_settings(slots_dir="/etc/hal0/slots-c", lock_timeout=30.0)),
+    )
+    started = time.monotonic()
+    box.run(f"systemctl reload {UNIT}", timeout=60)
+    took = time.monotonic() - started
+    assert "gpu-rocm" == device_of_path(box, "/etc/hal0/slots-c/slow.toml"), f"after {took:.1f}s"
+    assert took > 1.0
     good = status_json(box)["reload"]
     box.write("/etc/hal0/reconciler.toml", "slots_dir = 42\n")
     failed = box.run(f"systemctl reload {UNIT}", check=False)
@@ -337,7 +354,7 @@ def test_reload_returns_only_once_the_new_settings_are_live(box: nspawn.Containe
     assert "active" == show(box)["ActiveState"]
     now = status_json(box)
     assert (good["generation"] + 1, False) == (now["reload"]["generation"], now["reload"]["ok"])  # type: ignore[index]
-    assert folders[folder] == set(now["slots"])  # type: ignore[arg-type]
+    assert {"slow.toml"} == set(now["slots"])  # type: ignore[arg-type]
     refused = box.run(
         f"journalctl --no-pager -o cat -p err _SYSTEMD_INVOCATION_ID={invocation(box)}"
     ).stdout
