@@ -17,6 +17,8 @@ PURE = [
     "slots/document.py",
     "slots/runtime.py",
     "slots/policy.py",
+    "slots/image.py",
+    "host/hal0_code.py",
     "slots/edit.py",
     "slots/_tomlscan.py",
     "model.py",

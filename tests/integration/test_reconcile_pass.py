@@ -355,3 +355,21 @@ def test_a_deleted_slot_takes_its_demotion_record_with_it(
     coder.write_text('# on the CPU on purpose\nname = "coder"\ndevice = "cpu"\n')
     Reconciler(settings, ledger=ledger).reconcile(ROCM_USABLE, [coder])
     assert 'device = "cpu"' in coder.read_text()
+
+
+def test_a_name_hal0_could_not_run_is_said_once_across_passes(
+    make_settings, host_dirs: dict[str, Path]
+) -> None:
+    """A slot named outside hal0's pattern is reported on the first pass only, and again only
+    when its problem changes."""
+    (host_dirs["slots_dir"] / "odd.toml").write_text('name = "Odd"\ntype = "llm"\ndevice = "cpu"\n')
+    engine = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        engine.reconcile(ROCM_USABLE)
+        engine.reconcile(ROCM_USABLE)
+        (host_dirs["slots_dir"] / "odd.toml").write_text('name = "Odd2"\ndevice = "cpu"\n')
+        engine.reconcile(ROCM_USABLE)
+    said = [e["reason"] for e in logs if e["event"] == "slot.name_invalid"]
+    assert 2 == len(said), said
+    assert "'Odd'" in said[0]
+    assert "'Odd2'" in said[1]
