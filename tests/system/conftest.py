@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import nspawn, rootfs
+from helpers.hal0_tree import Hal0Tree
 from helpers.hosts import REPO
 
 NULL_DEVICE = os.makedev(1, 3)  # the kernel's null device: safe to open
@@ -104,8 +105,12 @@ def box(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nspawn.
     )
     container.files = files  # type: ignore[attr-defined]
     container.dev = FakeDev(dev)  # type: ignore[attr-defined]
+    # an installed hal0 of the ade07ba era where the package looks for it (/usr/lib/hal0): its
+    # default image is not Vulkan-capable, so a gpu-vulkan llama.cpp slot is relabelled
+    Hal0Tree(files / "hal0").install("ade07ba")
     try:
         container.boot()
+        container.run(f"cp -a {FILES}/hal0/usr/lib/hal0 /usr/lib/hal0")
         container.run(f"apt install -y {FILES}/{deb.name}", timeout=120)
         yield container
     finally:

@@ -69,12 +69,12 @@ def settings_text(**values: object) -> str:
 
 
 def amd_settings(**extra: object) -> dict[str, object]:
-    """An AMD host whose ROCm lane is the fake nodes; demotions after 1 s, not 60."""
+    """An AMD host whose ROCm lane is the fake nodes (probed as the slot services run: the
+    shipped default); demotions after 1 s, not 60."""
     return {
         "amdgpu_module_dir": AMD_DIR,
         "kfd_path": f"{DEV}/kfd",
         "dri_dir": f"{DEV}/dri",
-        "service_user": "hal0",
         "demote_grace": 1.0,
         **extra,
     }
