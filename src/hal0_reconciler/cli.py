@@ -23,7 +23,7 @@ from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
-from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
+from hal0_reconciler.reconcile import Outcome, OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
 _cli_log = structlog.get_logger("hal0_reconciler.cli")
@@ -318,6 +318,7 @@ def _plan_table(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> st
     widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
     lines = [_facts_line(facts), *_hal0_lines(read), ""]
     lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
+    lines += _write_notes(report)
     pending = len(report.pending)
     lines += ["", f"{pending} change(s) pending" if pending else "no changes"]
     return "\n".join(lines)
@@ -328,11 +329,29 @@ def _plan_json(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> dic
         "host": {"amd": facts.amd, "rocm_lane": facts.lane.value, "reason": facts.lane_reason},
         "hal0": _hal0_json(read),
         "slots": [
-            {"path": str(o.path), **row, "effective_image": _image_json(o)}
+            {"path": str(o.path), **row, "effective_image": _image_json(o), **_comments_lost(o)}
             for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
         ],
         "pending": len(report.pending),
     }
+
+
+def _write_notes(report: PassReport) -> list[str]:
+    """A line for each pending write that would not be byte-minimal or would be refused."""
+    notes = []
+    for o in report.outcomes:
+        if o.status is OutcomeStatus.PENDING and o.message is not None:
+            lost = "the write would rewrite the whole file, losing its comments and layout"
+            notes.append(f"note: {o.path.name}: {lost} ({o.message})")
+        elif o.status is OutcomeStatus.WRITE_FAILED:
+            notes.append(f"note: {o.path.name}: the write would be refused ({o.message})")
+    return notes
+
+
+def _comments_lost(o: Outcome) -> dict[str, Any]:
+    """Whether a pending write would rewrite the whole file (comments lost), and why."""
+    lost = o.message if o.status is OutcomeStatus.PENDING else None
+    return {"loses_comments": lost is not None, "loses_comments_why": lost}
 
 
 def _hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:

@@ -34,7 +34,7 @@ _log = structlog.get_logger("hal0_reconciler.reconcile")
 
 class OutcomeStatus(enum.StrEnum):
     UNCHANGED = "unchanged"  # kept, with the verdict's reason
-    PENDING = "pending"  # dry run: would be relabelled
+    PENDING = "pending"  # dry run: would be relabelled (message: why comments would be lost)
     RELABELED = "relabeled"
     SKIPPED = "skipped"  # runtime unresolved
     HANDS_OFF = "hands-off"  # the daemon stopped fighting over this slot
@@ -103,6 +103,20 @@ def slot_key(path: Path) -> SlotKey:
     return SlotKey(str(path.absolute()))
 
 
+def _dry_write(
+    slot_file: store.SlotFile, doc: document.SlotDoc, new: str | None
+) -> tuple[OutcomeStatus, str | None]:
+    """What the write would do, said beforehand: PENDING, with why when it would rewrite the
+    whole file (comments and layout lost); WRITE_FAILED when the edit would be refused."""
+    if new is None:
+        return OutcomeStatus.PENDING, None
+    try:
+        result = edit.set_device(slot_file.data.decode("utf-8"), table=doc.table, new=new)
+    except EditRefused as exc:
+        return OutcomeStatus.WRITE_FAILED, str(exc)
+    return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
+
+
 class Reconciler:
     """Applies the policy to slot files. Holds only memory of what it already reported."""
 
@@ -169,14 +183,15 @@ class Reconciler:
         read = self._read_and_decide(path, key, facts)
         if isinstance(read, Outcome):
             return read
-        doc, verdict, _ = read
+        doc, verdict, slot_file = read
         if verdict.action is Action.SKIP:
             return _outcome(key, path, doc, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:
             self._settle_ledger(key, verdict)
             return _outcome(key, path, doc, OutcomeStatus.UNCHANGED, verdict)
         if not apply:
-            return _outcome(key, path, doc, OutcomeStatus.PENDING, verdict)
+            status, note = _dry_write(slot_file, doc, verdict.new)
+            return _outcome(key, path, doc, status, verdict, note)
         try:
             with store.slot_write_lock(
                 self._settings.effective_lock_file,

@@ -87,6 +87,26 @@ def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) 
     }
 
 
+def test_plan_says_beforehand_when_a_write_would_lose_comments(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
+    """A slot whose label cannot be edited in place is flagged in the table and in --json."""
+    exotic = seeded_slots / "exotic.toml"
+    exotic.write_text('# lost\n[slot]\nname = "x"\ndevice = "gpu-vulkan"\n[slot.backend]\nv = 1\n')
+    (seeded_slots / "broken.toml").write_text("device = \n")  # a message, but no write
+    args = [*host_args(host_dirs), "--assume-amd", "--assume-rocm=usable"]
+    table = cli("plan", *args).stdout.splitlines()
+    doc = json.loads(cli("plan", *args, "--json").stdout)
+    notes = [line for line in table if line.startswith("note:")]
+    assert 1 == len(notes), table
+    assert notes[0].startswith("note: exotic.toml: the write would rewrite the whole file"), notes
+    assert "backend is a table of its own" in notes[0]
+    lost = {s["file"]: (s["loses_comments"], s["loses_comments_why"]) for s in doc["slots"]}
+    assert lost.pop("exotic.toml")[0] is True
+    assert (False, None) == lost.pop("broken.toml")
+    assert {(False, None)} == set(lost.values())
+
+
 def test_plan_on_a_non_amd_host_has_nothing_to_do(
     seeded_slots: Path, host_dirs: dict[str, Path]
 ) -> None:
