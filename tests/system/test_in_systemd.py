@@ -552,3 +552,20 @@ def test_nothing_was_logged_as_a_traceback_at_info_or_below(box: nspawn.Containe
         and re.search(r"Traceback|most recent call|File \"/", str(e.get("MESSAGE", "")))
     ]
     assert [] == low
+
+
+# --- last: upgrade and removal -------------------------------------------------------------------------
+
+
+def test_an_upgrade_restarts_the_service_and_a_removal_stops_it(box: nspawn.Container) -> None:
+    """dh_installsystemd's contract: reinstalling (an upgrade to dpkg) restarts the running
+    service; removing the package stops it and takes the command away."""
+    configure(box, amd_settings())
+    before = show(box)["MainPID"]
+    deb = box.run(f"ls {FILES}/*.deb").stdout.split()[0]
+    box.run(f"apt install -y --reinstall {deb}", timeout=120)
+    after = show(box)
+    assert ("active", True) == (after["ActiveState"], after["MainPID"] not in {before, "0"})
+    box.run("apt remove -y hal0-reconciler", timeout=120)
+    assert "inactive" == box.run(f"systemctl is-active {UNIT}", check=False).stdout.strip()
+    assert 0 != box.run("test -e /usr/bin/hal0-reconciler", check=False).returncode
