@@ -28,6 +28,7 @@ from hal0_reconciler.aiter.heal import ProcessScanUnavailable
 from hal0_reconciler.daemon import selfheal, status, workqueue
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
+from helpers.lock_holder import holding_lock
 from helpers.notify_socket import NotifySocket
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,8 +195,8 @@ def _reload(config: Path, pid: int, runtime_dir: str) -> subprocess.CompletedPro
     )
 
 
-def _config_text(host: Host, slots_dir: Path) -> str:
-    values = {**host.overrides(), "slots_dir": str(slots_dir)}
+def _config_text(host: Host, slots_dir: Path, **extra: object) -> str:
+    values = {**host.overrides(), "slots_dir": str(slots_dir), **extra}
     return "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
 
 
@@ -224,6 +225,18 @@ def test_reload_returns_once_the_new_settings_are_live(host: Host, tmp_path: Pat
                 assert {"generation": i + 1, "ok": True} == {
                     k: snap["reload"][k] for k in ("generation", "ok")
                 }
+            # a reload whose first pass waits 6 s for hal0's lock, reported as stuck meanwhile
+            # (so status.json is republished during the wait): `reload` returns after the pass
+            slow = tmp_path / "slow-slots"
+            slow.mkdir()
+            slot = drop_slot(slow, "slow")
+            text = _config_text(host, slow, stuck_after=1.0, lock_timeout=30.0)
+            with holding_lock(Path(f"{slow}.lock"), seconds=6.0):
+                config.write_text(text)
+                started = time.monotonic()
+                done = _reload(config, child.pid, runtime_dir)
+                took = time.monotonic() - started
+            assert (0, "gpu-rocm") == (done.returncode, device_of(slot)), f"after {took:.1f}s"
             config.write_text("slots_dir = 42\n")
             refused = _reload(config, child.pid, runtime_dir)
             assert 1 == refused.returncode

@@ -337,14 +337,19 @@ def test_reload_returns_only_once_the_new_settings_are_live(box: nspawn.Containe
     # a reload whose first pass has to wait ~2 s for hal0's slot lock: `systemctl reload`
     # returns after it, with the new folder's slot already relabelled (kill -HUP returned at once)
     box.write("/etc/hal0/slots-c/slow.toml", slot_text("slow"))
-    box.run("systemd-run --unit=hal0-test-lock3 flock /etc/hal0/slots-c.lock sleep 2")
+    # (stuck_after=1: the slow pass is reported as a problem meanwhile, so status.json is
+    # republished within the 5 s loop tick; a daemon that said "reloaded" too early is caught)
+    box.run("systemd-run --unit=hal0-test-lock3 flock /etc/hal0/slots-c.lock sleep 7")
     box.write(
         "/etc/hal0/reconciler.toml",
-        settings_text(**amd_settings(slots_dir="/etc/hal0/slots-c", lock_timeout=30.0)),
+        settings_text(
+            **amd_settings(slots_dir="/etc/hal0/slots-c", lock_timeout=30.0, stuck_after=1.0)
+        ),
     )
     started = time.monotonic()
     box.run(f"systemctl reload {UNIT}", timeout=60)
     took = time.monotonic() - started
+    print(f"slow reload took {took:.1f}s")
     assert "gpu-rocm" == device_of_path(box, "/etc/hal0/slots-c/slow.toml"), f"after {took:.1f}s"
     assert took > 1.0
     good = status_json(box)["reload"]
