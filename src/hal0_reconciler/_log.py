@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from hal0_reconciler import console
 from hal0_reconciler.settings import LogFormat
 
 _LEVELS = {
@@ -50,6 +51,13 @@ _BARE = re.compile(r"^[A-Za-z0-9_.,:/@+%=-]+$")
 SYSLOG_IDENTIFIER = "hal0-reconciler"
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
+
+
+def drop_none(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """A field with no value is left out: ``None`` is Python's word, not an operator's."""
+    for key in [k for k, v in event_dict.items() if v is None]:
+        del event_dict[key]
+    return event_dict
 
 
 def journal_stream_is_stderr(stream: TextIO | None = None) -> bool:
@@ -193,6 +201,7 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
+        drop_none,
     ]
     logger_factory: Callable[..., Any]
     processors: list[Processor]
@@ -211,7 +220,7 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         processors = [
             *shared,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(),
+            structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
         logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))

@@ -145,6 +145,11 @@ class Reconciler:
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
 
+    @property
+    def own_demotions(self) -> int:
+        """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
+        return len(self._ledger.keys())
+
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
 
@@ -244,7 +249,7 @@ class Reconciler:
             text = slot_file.data.decode("utf-8")
             doc = document.parse_slot(text, stem=path.stem)
         except UnicodeDecodeError as exc:
-            message = f"not UTF-8: {exc}"
+            message = f"not UTF-8 text (byte {exc.start} is not valid UTF-8)"
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))

@@ -24,7 +24,7 @@ import structlog
 from hal0_reconciler import lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import hal0, units
-from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 
 log = structlog.get_logger("hal0_reconciler.daemon")
@@ -35,9 +35,8 @@ ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
 
 # Slot writes failing for these reasons will not get better by waiting (a read-only view of the
-# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it is
-# unhealthy (status, STATUS=, no WATCHDOG=1: under the unit, systemd restarts it with a fresh
-# view of the file system) until a pass writes them.
+# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it says so
+# (status, STATUS=, a warning) until a pass writes them.
 LASTING_WRITE_ERRORS = frozenset(
     {
         errno.EROFS,
@@ -49,8 +48,20 @@ LASTING_WRITE_ERRORS = frozenset(
         errno.EDQUOT,
     }
 )
-# Problems (keys of Progress.problems) that make the daemon unhealthy; others are only shown.
-HEALTH_PROBLEMS = frozenset({"writes", "aiter"})
+# Problems (keys of Progress.problems) that make the daemon unhealthy, not only degraded: a
+# read-only slot folder is, under the unit, a stale sandbox view (/etc/hal0 deleted and re-created
+# while running) that only a restart fixes, so WATCHDOG=1 stops and systemd restarts it.
+HEALTH_PROBLEMS = frozenset({"writes-read-only"})
+
+
+def lane_metric_state(facts: HostFacts) -> str:
+    """The ROCm lane as a metrics state: usable / unusable (within the grace too) / unknown
+    (the probe could not run) / not-amd."""
+    if not facts.amd:
+        return "not-amd"
+    if facts.lane is LaneState.USABLE:
+        return "usable"
+    return "unknown" if facts.lane is LaneState.UNKNOWN else "unusable"
 
 
 def digest(path: Path) -> str | None:
@@ -142,6 +153,7 @@ class Passes:
         wake: Callable[[], None],
     ) -> None:
         self.lock = threading.RLock()
+        self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
             limit=settings.fight_limit, window=settings.fight_window, clock=clock
@@ -155,7 +167,7 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
-        self._failing_writes: dict[SlotKey, str] = {}  # worker thread only
+        self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -228,6 +240,7 @@ class Passes:
                     reason=raw.lane_reason,
                     demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
                 )
+            self._note_probe(raw)
             with self.lock:
                 self.progress.facts = facts
                 self.progress.recheck_at = view.recheck_at
@@ -240,6 +253,8 @@ class Passes:
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
+        with self.lock:
+            self.progress.metrics.demoted_slots = reconciler.own_demotions
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
 
@@ -255,6 +270,25 @@ class Passes:
             self.problem("hal0", "; ".join(loud))
         else:
             self.clear_problem("hal0")
+
+    def _note_probe(self, raw: HostFacts) -> None:
+        """A probe that cannot run (no such service user...) proves nothing and demotes
+        nothing, but the daemon cannot do its job: said once at warning, degraded until fixed."""
+        problem = None
+        if raw.amd and raw.lane is LaneState.UNKNOWN:
+            problem = f"the ROCm-lane probe cannot run: {raw.lane_reason}"
+        with self.lock:
+            before = self.progress.problems.get("probe")
+            if problem is None:
+                self.progress.problems.pop("probe", None)
+            else:
+                self.progress.problems["probe"] = problem
+        if problem is not None and problem != before:
+            log.warning(
+                "host.probe_failed", reason=raw.lane_reason, effect="no slot is demoted to cpu"
+            )
+        elif problem is None and before is not None:
+            log.info("host.probe_runs_again")
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""
@@ -322,6 +356,9 @@ class Passes:
             for o in report.relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
+                reason = o.verdict.reason if o.verdict is not None else None
+                m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
+                m.restores += reason is Reason.RESTORE_OWN_DEMOTION
             m.unreadable_files = sum(
                 1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value
             )
@@ -330,6 +367,7 @@ class Passes:
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
+            m.rocm_lane = lane_metric_state(facts)
         if settings.metrics_textfile is not None:
             self.write_metrics(settings)
 
@@ -339,6 +377,8 @@ class Passes:
             o.key, old=o.verdict.old, new=o.verdict.new, before=before, after=digest(o.path)
         )
         if reverts is not None:
+            with self.lock:
+                self.progress.metrics.fights += 1
             log.error(
                 "slot.fight_detected",
                 slot=o.name,
@@ -352,27 +392,34 @@ class Passes:
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
 
     def _note_write_failures(self, report: reconcile.PassReport) -> None:
-        """The "writes" problem: slots whose last write failed for a lasting reason."""
+        """The "writes" problem: slots whose last write failed for a lasting reason
+        ("writes-read-only" when the folder is read-only: that one makes it unhealthy)."""
         for o in report.outcomes:
             failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
             if failing and o.errno in LASTING_WRITE_ERRORS:
-                self._failing_writes[o.key] = f"{o.path}: {o.message}"
+                self._failing_writes[o.key] = (f"{o.path}: {o.message}", o.errno)
             else:
                 self._failing_writes.pop(o.key, None)
+        read_only = any(e == errno.EROFS for _, e in self._failing_writes.values())
+        key, other = ("writes-read-only", "writes") if read_only else ("writes", "writes-read-only")
+        self.clear_problem(other)
         if not self._failing_writes:
-            self.clear_problem("writes")
+            self.clear_problem(key)
             return
-        first = min(self._failing_writes.values())
+        first = min(m for m, _ in self._failing_writes.values())
         more = len(self._failing_writes) - 1
-        self.problem("writes", f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
+        self.problem(key, f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
 
     # -- reporting --------------------------------------------------------------------------------
     def write_metrics(self, settings: Settings) -> None:
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
+        not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
+        results = self._restarter.results
         with self.lock:
             m = self.progress.metrics
-            m.restarts = {r.value: n for r, n in self._restarter.results.items()}
+            m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.aiter_not_converging = not_converging
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals
@@ -380,14 +427,23 @@ class Passes:
             snapshot = metrics.Metrics(**vars(m))
         folder = settings.metrics_textfile.parent
         try:
-            if not folder.is_dir():
-                folder.mkdir(parents=True, exist_ok=True)
-                folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
-            metrics.write_textfile(settings.metrics_textfile, snapshot)
+            with self._metrics_lock:  # the worker (after a pass) and the main loop (health)
+                if not folder.is_dir():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
+                metrics.write_textfile(settings.metrics_textfile, snapshot)
         except OSError as exc:
             self.problem("metrics", f"cannot write {settings.metrics_textfile}: {exc}")
         else:
             self.clear_problem("metrics")
+
+    def note_health(self, *, healthy: bool, settings: Settings) -> None:
+        """The main loop's verdict, for the ``healthy`` gauge (written when it changes)."""
+        with self.lock:
+            changed = self.progress.metrics.healthy != healthy
+            self.progress.metrics.healthy = healthy
+        if changed and settings.metrics_textfile is not None:
+            self.write_metrics(settings)
 
     def problem(self, key: str, text: str) -> None:
         with self.lock:

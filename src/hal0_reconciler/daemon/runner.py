@@ -130,6 +130,7 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._slots_dir_problem: str | None = None
         self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
     def _is_stopping(self) -> bool:
@@ -274,15 +275,14 @@ class Runner:
                 full_passes = progress.full_passes
                 # a batch's end counts too: its problems and metrics come after its pass/check
                 passes_done = progress.passes + self._aiter.generation() + progress.batches
-            if ready_after is not None and full_passes >= ready_after:
+            became_ready = ready_after is not None and full_passes >= ready_after
+            if became_ready:
                 ready_after = None
-                self._notifier.ready()
-                log.info("daemon.ready", watches=watcher.health().mode)
                 if self._reloads.pending:  # the new settings' first full pass is done
-                    self._reloads.finished(ok=True)
-                    reported_passes = -1
+                    self._reloads.finished(ok=True)  # published just below, with READY=1
             problems = self._health(worker, now)
-            changed = passes_done != reported_passes or problems != reported_problems
+            changed = self._check_slots_dir() or became_ready
+            changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
@@ -292,6 +292,9 @@ class Runner:
                 reported_problems = problems
                 next_status = now + status.HEARTBEAT
                 self._publish(problems, ready=ready_after is None)
+            if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
+                self._notifier.ready()
+                log.info("daemon.ready", watches=watcher.health().mode)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
@@ -320,6 +323,28 @@ class Runner:
             problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
         return problems
 
+    def _check_slots_dir(self) -> bool:
+        """A missing slots folder is said once, at warning; the daemon is degraded (not dead:
+        the watches bring the folder in at once when it appears) until it is there."""
+        folder = self._settings.slots_dir
+        problem = None
+        if not folder.is_dir():
+            what = "does not exist" if not folder.exists() else "is not a directory"
+            problem = f"slots directory {folder} {what}"
+        if problem == self._slots_dir_problem:
+            return False
+        if problem is not None:
+            log.warning(
+                "daemon.slots_dir_missing",
+                path=str(folder),
+                problem=problem,
+                action="watching for it to appear; degraded until then",
+            )
+        else:
+            log.info("daemon.slots_dir_found", path=str(folder))
+        self._slots_dir_problem = problem
+        return True
+
     def _publish(self, problems: list[str], *, ready: bool) -> None:
         """STATUS= line and status.json."""
         watcher = self._watcher
@@ -330,12 +355,14 @@ class Runner:
             selfheal=self._aiter,
             started_at=self._started_at,
         )
-        snapshot, line = publish.compose(sources, problems, ready=ready)
+        degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
+        snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
             log.warning("daemon.status_write_failed", error=str(exc))
+        self._passes.note_health(healthy=snapshot["healthy"], settings=self._settings)
         self._notifier.status(line)
 
     def _reload(self) -> bool:
