@@ -148,6 +148,19 @@ def test_the_man_page_documents_every_verb_and_its_exit_codes() -> None:
         assert re.search(pattern, exits_part, re.MULTILINE), f"EXIT STATUS lacks {verb}"
 
 
+def test_the_man_page_gives_each_verb_exactly_its_exit_codes() -> None:
+    """EXIT STATUS names, per verb, the codes the CLI's own --help table (cli._EXITS) has."""
+    exits_part = MAN8.read_text().split(".SH EXIT STATUS", 1)[1].split(".SH ", 1)[0]
+    documented = {}
+    for block in exits_part.split(".TP\n")[1:]:
+        head, _, text = block.partition("\n")
+        flat = " ".join(text.split(".PP")[0].split())
+        codes = re.findall(r"(?:^|; )(\d) ", flat)
+        documented[head.removeprefix(".B ").strip()] = {int(c) for c in codes}
+    expected = {verb: {code for code, _ in codes} for verb, codes in cli._EXITS.items()}
+    assert expected == documented
+
+
 def test_the_settings_man_page_documents_every_setting() -> None:
     text = MAN5.read_text()
     documented = set(re.findall(r"^\\fB(\w+)\\fR = ", text, re.MULTILINE))
