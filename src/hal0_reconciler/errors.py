@@ -43,7 +43,7 @@ class ProcFailed(ReconcilerError):
 def describe(exc: BaseException) -> str:
     """One line a person understands for whatever reading, parsing or editing a file raised
     (ours, Python's, the parser's), never a traceback."""
-    if isinstance(exc, ReconcilerError):
+    if isinstance(exc, ReconcilerError | OSError):  # OSError says errno, reason and path
         return str(exc)
     if isinstance(exc, RecursionError):
         return "nested too deeply to process"

@@ -13,6 +13,7 @@ crash left in the slots folder are removed under hal0's lock (so never one in fl
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -54,6 +55,7 @@ class Outcome:
     verdict: Verdict | None = None
     message: str | None = None
     unit_problem: str | None = None  # why the name or id is not one hal0 could run
+    errno: int | None = None  # a failed write's OSError errno (EROFS, EACCES, ...)
 
 
 def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
@@ -68,6 +70,13 @@ def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
     problem = doc.unit_problem
     token = doc.token if problem is None else None
     return Outcome(key, path, doc.name, token, status, verdict, message, problem)
+
+
+def _write_failed(
+    key: SlotKey, path: Path, doc: document.SlotDoc, verdict: Verdict, exc: Exception
+) -> Outcome:
+    failed = _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, errors.describe(exc))
+    return dataclasses.replace(failed, errno=getattr(exc, "errno", None))
 
 
 @dataclass(frozen=True)
@@ -212,7 +221,7 @@ class Reconciler:
                     self._remove_leftover_temps(wait=True)  # we hold the lock: none in flight
                 return outcome
         except (LockTimeout, OSError) as exc:
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+            return _write_failed(key, path, doc, verdict, exc)
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
         # Re-read and decide again: another writer may have changed the file meanwhile.
@@ -230,8 +239,7 @@ class Reconciler:
             result = edit.set_device(text, table=doc.table, new=verdict.new)
             store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
         except Exception as exc:  # refused, failed, or anything the editor raised
-            message = errors.describe(exc)
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, message)
+            return _write_failed(key, path, doc, verdict, exc)
         if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
@@ -385,7 +393,10 @@ class Reconciler:
                 _log.warning("slot.comments_lost", **fields, reason=o.message)
             return
         if o.status is OutcomeStatus.WRITE_FAILED:
-            _log.error("slot.write_failed", **fields, error=o.message)
+            if self._cancelled is not None and self._cancelled():  # an orderly stop, not an error
+                _log.info("slot.write_abandoned", **fields, reason="stopping", error=o.message)
+            else:
+                _log.error("slot.write_failed", **fields, error=o.message)
             return
         problem: tuple[object, ...] | None = None
         if o.status in (OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR):

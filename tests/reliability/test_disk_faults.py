@@ -65,7 +65,7 @@ def test_a_full_file_system(host: Host, tmp_path: Path) -> None:
     assert 0 == support.tracebacks(str(once["stderr"]))
     assert (True, []) == (report["once_intact"], report["once_temps"])
     assert report["daemon_intact"]
-    assert any("cannot be written" in p for p in report["daemon_unhealthy"] or [])
+    assert any("slot writes fail" in p for p in report["daemon_unhealthy"] or [])
     assert (True, 20) == (report["daemon_healthy_again"], report["relabelled_after"])
     assert ([], 0) == (report["daemon_temps"], report["daemon_code"])
 
@@ -79,5 +79,5 @@ def test_a_read_only_slots_folder(host: Host, tmp_path: Path) -> None:
     assert "Read-only file system" in str(once["stderr"])
     assert 0 == support.tracebacks(str(once["stderr"]))
     assert (True, True) == (report["once_intact"], report["daemon_intact"])
-    assert any("cannot be written" in p for p in report["daemon_unhealthy"] or [])
+    assert any("slot writes fail" in p for p in report["daemon_unhealthy"] or [])
     assert ([], 0) == (report["daemon_temps"], report["daemon_code"])

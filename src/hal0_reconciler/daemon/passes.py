@@ -10,6 +10,7 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
@@ -34,6 +35,25 @@ Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+# Slot writes failing for these reasons will not get better by waiting (a read-only view of the
+# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it says so
+# (status, STATUS=, a warning) until a pass writes them.
+LASTING_WRITE_ERRORS = frozenset(
+    {
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ENOSPC,
+        errno.EDQUOT,
+    }
+)
+# Problems (keys of Progress.problems) that make the daemon unhealthy, not only degraded: a
+# read-only slot folder is, under the unit, a stale sandbox view (/etc/hal0 deleted and re-created
+# while running) that only a restart fixes, so WATCHDOG=1 stops and systemd restarts it.
+HEALTH_PROBLEMS = frozenset({"writes-read-only"})
 
 
 def lane_metric_state(facts: HostFacts) -> str:
@@ -63,7 +83,6 @@ class Progress:
     full_passes: int = 0
     full_attempts: int = 0  # full passes finished or failed: READY=1 comes after the first
     failure: str | None = None  # why the last batch failed (None: it did not)
-    write_failures: dict[SlotKey, str] = field(default_factory=dict)  # slots we cannot write
     batches: int = 0  # finished with everything recorded (pass, aiter check, problems, metrics)
     relabels_total: int = 0
     last_pass_at: float = 0.0  # wall clock
@@ -83,18 +102,6 @@ def failures(owner: Passes) -> list[str]:
     with owner.lock:
         failure = owner.progress.failure
     return [f"the last pass failed: {failure}"] if failure is not None else []
-
-
-def _write_failures(
-    report: reconcile.PassReport, failing: dict[SlotKey, str]
-) -> dict[SlotKey, str]:
-    """The slots whose last write failed, after ``report`` (a slot that went well is cleared)."""
-    for o in report.outcomes:
-        if o.status is reconcile.OutcomeStatus.WRITE_FAILED:
-            failing[o.key] = f"{o.path}: {o.message}"
-        else:
-            failing.pop(o.key, None)
-    return failing
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,7 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
+        self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -269,7 +277,6 @@ class Passes:
         with self.lock:
             self.progress.metrics.demoted_slots = reconciler.own_demotions
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
-        self._note_write_failures(report, full=full)
         self._note_hal0(reconciler)
         if len(report.outcomes) >= memory.BIG_BATCH:
             del report, before
@@ -348,6 +355,7 @@ class Passes:
             seen[o.key] = entry
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+        self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
@@ -387,17 +395,6 @@ class Passes:
         if settings.metrics_textfile is not None:
             self.write_metrics(settings)
 
-    def _note_write_failures(self, report: reconcile.PassReport, *, full: bool) -> None:
-        """Degraded while a slot cannot be written: the daemon runs, part of its job does not."""
-        with self.lock:
-            p = self.progress
-            failing = p.write_failures = _write_failures(report, {} if full else p.write_failures)
-        if failing:
-            first = next(iter(failing.values()))
-            self.problem("writes", f"{len(failing)} slot file(s) cannot be written ({first})")
-        else:
-            self.clear_problem("writes")
-
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
         reverts = self.fights.relabeled(
@@ -417,6 +414,25 @@ class Passes:
             )
         if o.name is not None and o.token is not None:
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
+
+    def _note_write_failures(self, report: reconcile.PassReport) -> None:
+        """The "writes" problem: slots whose last write failed for a lasting reason
+        ("writes-read-only" when the folder is read-only: that one makes it unhealthy)."""
+        for o in report.outcomes:
+            failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
+            if failing and o.errno in LASTING_WRITE_ERRORS:
+                self._failing_writes[o.key] = (f"{o.path}: {o.message}", o.errno)
+            else:
+                self._failing_writes.pop(o.key, None)
+        read_only = any(e == errno.EROFS for _, e in self._failing_writes.values())
+        key, other = ("writes-read-only", "writes") if read_only else ("writes", "writes-read-only")
+        self.clear_problem(other)
+        if not self._failing_writes:
+            self.clear_problem(key)
+            return
+        first = min(m for m, _ in self._failing_writes.values())
+        more = len(self._failing_writes) - 1
+        self.problem(key, f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
 
     # -- reporting --------------------------------------------------------------------------------
     def write_metrics(self, settings: Settings) -> None:

@@ -131,6 +131,7 @@ class Runner:
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
         self._slots_dir_problem: str | None = None
+        self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -239,8 +240,11 @@ class Runner:
                 if self._reload():
                     with lock:
                         ready_after = progress.full_attempts + 1
+                    self._reloads.pending = True
                 else:
                     self._notifier.ready()
+                    self._reloads.finished(ok=False)
+                    reported_passes = -1  # publish now: `reload` is waiting for it
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
@@ -273,6 +277,8 @@ class Runner:
             became_ready = ready_after is not None and full_passes >= ready_after
             if became_ready:
                 ready_after = None
+                if self._reloads.pending:  # the new settings' first full pass is done
+                    self._reloads.finished(ok=True)  # published just below, with READY=1
             problems = self._health(worker, now)
             changed = self._check_slots_dir() or became_ready
             changed |= passes_done != reported_passes or problems != reported_problems
@@ -311,7 +317,10 @@ class Runner:
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
-        problems += passes.failures(self._passes)
+        with self._passes.lock:  # slot writes failing, an aiter check that cannot run
+            found = self._passes.progress.problems
+            problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
+        problems += passes.failures(self._passes)  # its last batch failed
         return problems
 
     def _check_slots_dir(self) -> bool:
@@ -348,6 +357,7 @@ class Runner:
         )
         degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
+        snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
