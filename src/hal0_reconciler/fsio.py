@@ -47,8 +47,14 @@ def write_atomically(
     mode: int = 0o644,
     uid: int | None = None,
     gid: int | None = None,
+    sync_dir: bool = True,
 ) -> None:
-    """Replace ``path`` with ``data`` atomically and durably, with the given mode and owner."""
+    """Replace ``path`` with ``data`` atomically and durably, with the given mode and owner.
+
+    ``sync_dir=False`` leaves the folder's fsync to the caller, who does it once for a batch of
+    files (``fsync_directory``) before anything depends on the new names being durable. The
+    file's own bytes are always fsynced before the rename, so a crash leaves it old or new.
+    """
     tmp = temp_path_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -67,7 +73,8 @@ def write_atomically(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_directory(path.parent)
+    if sync_dir:
+        fsync_directory(path.parent)
 
 
 def fsync_directory(directory: Path) -> None:

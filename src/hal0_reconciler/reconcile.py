@@ -7,7 +7,9 @@ runtimes, non-regular files) are reported once per file content, not on every pa
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from hal0_reconciler.errors import (
 from hal0_reconciler.host import hal0
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, image, policy, runtime, store
+from hal0_reconciler.slots import document, edit, image, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
 _log = structlog.get_logger("hal0_reconciler.reconcile")
@@ -110,6 +112,7 @@ class Reconciler:
         self._unit_reported: dict[SlotKey, str] = {}
         self._catalog_reported: str | None = None
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
+        self._seen = seen.SeenSlots()
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -137,22 +140,50 @@ class Reconciler:
         started = time.monotonic()
         self._refresh_catalog(quiet=not facts.amd)
         self._refresh_hal0(quiet=not facts.amd)
+        assert self.hal0_facts is not None  # noqa: S101 - just read
+        # what every verdict depends on besides the file: when it changes, every slot is judged
+        # again (from its cached parse when the file is unchanged)
+        self._seen.judge_with((facts.amd, facts.lane, self.hal0_facts, id(self._catalog)))
         outcomes = []
-        for path in self.slot_paths() if paths is None else paths:
+        listed = self.slot_paths() if paths is None else paths
+        for path in listed:
             key = slot_key(path)
             if key in hands_off:
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
                 continue
-            outcome = self._reconcile_one(path, key, facts, apply=apply)
-            if facts.amd and apply:
+            outcomes.append(self._reconcile_one(path, key, facts, apply=apply))
+        if paths is None:
+            self._seen.keep_only({slot_key(p) for p in listed})
+        outcomes = self._sync_folders(outcomes)
+        if facts.amd and apply:
+            for outcome in outcomes:
                 self._report(outcome, facts)
-            outcomes.append(outcome)
         return PassReport(tuple(outcomes), time.monotonic() - started)
+
+    def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """fsync each folder a file was renamed into, once for the whole pass, before anything
+        is reported or restarted; a folder that cannot be synced fails its relabels."""
+        folders = {o.path.parent for o in outcomes if o.status is OutcomeStatus.RELABELED}
+        failed: dict[Path, str] = {}
+        for folder in sorted(folders):
+            try:
+                fsio.fsync_directory(folder)
+            except OSError as exc:
+                failed[folder] = f"{folder}: the folder could not be synced: {exc}"
+        if not failed:
+            return outcomes
+        return [
+            dataclasses.replace(o, status=OutcomeStatus.WRITE_FAILED, message=failed[o.path.parent])
+            if o.status is OutcomeStatus.RELABELED and o.path.parent in failed
+            else o
+            for o in outcomes
+        ]
 
     def forget(self, key: SlotKey) -> None:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
         self._unit_reported.pop(key, None)
+        self._seen.forget(key)
 
     # -- one file ---------------------------------------------------------------------------
 
@@ -180,22 +211,27 @@ class Reconciler:
             return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
-        # Re-read and decide again: another writer may have changed the file meanwhile.
-        read = self._read_and_decide(path, key, facts)
+        # Re-read and decide again: another writer may have changed the file meanwhile (the
+        # same bytes as a moment ago are not parsed again).
+        read = self._read_and_decide(path, key, facts, fresh=True)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
-        if verdict.action is not Action.RELABEL or verdict.new is None:
+        if verdict.action is not Action.RELABEL or verdict.new is None or slot_file is None:
             status = (
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return _outcome(key, path, doc, status, verdict)
         text = slot_file.data.decode("utf-8")
         try:
-            result = edit.set_device(text, table=doc.table, new=verdict.new)
-            store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
+            result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+            # the folder is fsynced once for the whole pass (_sync_folders)
+            store.replace_slot(
+                path, result.text.encode("utf-8"), like=slot_file.stat, sync_dir=False
+            )
         except (EditRefused, WriteRefused, OSError) as exc:
             return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+        self._seen.forget(key)  # the next look reads what was written
         if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
@@ -204,8 +240,26 @@ class Reconciler:
         return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
 
     def _read_and_decide(
-        self, path: Path, key: SlotKey, facts: HostFacts
-    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile] | Outcome:
+        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
+    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile | None] | Outcome:
+        """The slot's document and verdict. ``fresh``: read the bytes now (under the lock);
+        else a file whose identity has not changed since a settled read is not read again
+        (the SlotFile is then None)."""
+        demoted = key in self._ledger
+
+        def decide(doc: document.SlotDoc) -> Verdict:
+            return self._decide(doc, facts, demoted=demoted)
+
+        if not fresh:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                pass  # read_slot says what is wrong
+            else:
+                hit = self._seen.by_identity(key, st, demoted=demoted, decide=decide)
+                if hit is not None:
+                    return hit.doc, hit.verdict, None
+        read_at = time.time_ns()
         try:
             slot_file = store.read_slot(path)
         except FileNotFoundError:
@@ -213,26 +267,40 @@ class Reconciler:
             self._ledger.drop(key)  # a new file at this path is not the slot we demoted
             return Outcome(key, path, None, None, OutcomeStatus.GONE)
         except WriteRefused as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))
         except OSError as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        data, st = slot_file.data, slot_file.stat
+        hit = self._seen.by_content(
+            key, data, st, read_at_ns=read_at, demoted=demoted, decide=decide
+        )
+        if hit is not None:
+            return hit.doc, hit.verdict, slot_file
         try:
-            text = slot_file.data.decode("utf-8")
+            text = data.decode("utf-8")
             doc = document.parse_slot(text, stem=path.stem)
         except UnicodeDecodeError as exc:
+            self._seen.forget(key)
             message = f"not UTF-8: {exc}"
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        verdict = decide(doc)
+        self._seen.remember(key, data, st, doc, verdict, read_at_ns=read_at, demoted=demoted)
+        return doc, verdict, slot_file
+
+    def _decide(self, doc: document.SlotDoc, facts: HostFacts, *, demoted: bool) -> Verdict:
         assert self.hal0_facts is not None  # noqa: S101 - read at the start of every pass
-        verdict = policy.decide(
+        return policy.decide(
             doc,
             runtime=runtime.runtime_of(doc, self._catalog),
             image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
             facts=facts,
-            demoted_by_us=key in self._ledger,
+            demoted_by_us=demoted,
         )
-        return doc, verdict, slot_file
 
     def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:
         """Forget a demotion of ours once the operator moved the slot off ``cpu``."""

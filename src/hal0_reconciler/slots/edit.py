@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +45,16 @@ class EditResult:
     note: str | None = None  # why the byte-minimal rewrite was not possible
 
 
-def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
+def set_device(
+    text: str, *, table: tuple[str, ...], new: str, parsed: Mapping[str, Any] | None = None
+) -> EditResult:
     """Set `device = new` in `table` (`()` is the root) and drop `backend` from that table.
 
     Text that already says so is returned unchanged. Raises EditRefused when the text is not
-    TOML, the table does not exist, or no rewrite can be verified.
+    TOML, the table does not exist, or no rewrite can be verified. ``parsed``: the caller's
+    ``tomllib.loads(text)`` of exactly this text (not modified), so it is not parsed twice.
     """
-    old = _load(text)
+    old = _load(text) if parsed is None else dict(parsed)
     expected = copy.deepcopy(old)
     target = _table(expected, table)
     target["device"] = new

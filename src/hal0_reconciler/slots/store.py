@@ -76,8 +76,10 @@ def read_slot(path: Path) -> SlotFile:
         os.close(fd)
 
 
-def replace_slot(path: Path, data: bytes, *, like: os.stat_result) -> None:
+def replace_slot(path: Path, data: bytes, *, like: os.stat_result, sync_dir: bool = True) -> None:
     """Atomically replace a slot file, keeping the owner, group and mode of ``like``.
+
+    ``sync_dir=False``: the caller fsyncs the slots folder once for its whole batch.
 
     Refuses when the path is no longer the regular file that was read (a symlink or other
     kind of file was put there meanwhile).
@@ -89,7 +91,12 @@ def replace_slot(path: Path, data: bytes, *, like: os.stat_result) -> None:
     if not stat.S_ISREG(now.st_mode):
         raise WriteRefused(f"{path}: {_kind_of_mode(now.st_mode)}, not a regular file")
     fsio.write_atomically(
-        path, data, mode=stat.S_IMODE(like.st_mode), uid=like.st_uid, gid=like.st_gid
+        path,
+        data,
+        mode=stat.S_IMODE(like.st_mode),
+        uid=like.st_uid,
+        gid=like.st_gid,
+        sync_dir=sync_dir,
     )
 
 
