@@ -179,13 +179,16 @@ def _once(current: settings.Settings, *, restart: bool) -> int:
         )
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts)
-    for outcome in report.relabeled:  # an active slot keeps its old devices until restarted
+    # an active slot keeps its old devices until restarted; one systemctl call asks for all
+    changed = [o for o in report.relabeled if o.name is not None and o.token is not None]
+    states = units.active_states(current, [o.token for o in changed if o.token is not None])
+    for outcome in changed:
         if outcome.name is None or outcome.token is None:
             continue
         request = units.RestartRequest(name=outcome.name, token=outcome.token)
         if restart:
-            units.apply_change(current, request)
-        elif units.is_active(current, outcome.token):
+            units.apply_change(current, request, active=states[outcome.token])
+        elif states[outcome.token]:
             _cli_log.warning(
                 "unit.needs_reload",
                 slot=outcome.name,
