@@ -10,6 +10,10 @@
 - ``json`` otherwise and for pipelines.
 
 Only structlog APIs that exist in 22.3 (Debian 12) are used.
+
+structlog (which imports asyncio) is imported when the first event is logged, not before:
+modules take their logger from ``get_logger`` (a proxy), and ``configure`` is applied then. A
+command that logs nothing (``plan``, ``status``) never pays for it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ import re
 import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
-
-import structlog
 
 from hal0_reconciler.settings import LogFormat
 
@@ -181,14 +183,63 @@ class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The stdlib handler this module installs (the one a second ``configure`` replaces)."""
 
 
+class _LazyLogger:
+    """A logger that imports structlog on its first use (``structlog.get_logger`` once there)."""
+
+    __slots__ = ("_args", "_real")
+
+    def __init__(self, *args: Any) -> None:
+        self._args = args
+        self._real: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        real = self._real
+        if real is None:
+            real = self._real = _structlog().get_logger(*self._args)
+        return getattr(real, name)
+
+
+def get_logger(*args: Any) -> Any:
+    """``structlog.get_logger(*args)``, without importing structlog until an event is logged."""
+    return _LazyLogger(*args)
+
+
+_pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
+
+
+def _structlog() -> Any:
+    """structlog, with the configuration given to ``configure`` applied on first import."""
+    global _pending  # noqa: PLW0603 - one process-wide logging setup
+    import structlog  # noqa: PLC0415 - on first use: asyncio and friends cost ~50 ms
+
+    if _pending is not None:
+        fmt, level = _pending
+        _pending = None
+        _apply(fmt, level)
+    return structlog
+
+
 def configure(fmt: LogFormat, level: str) -> LogFormat:
     """Configure structlog (and stdlib logging for libraries); returns the format used.
 
     Safe to call again (the daemon does on SIGHUP when ``log_format``/``log_level`` changed):
     structlog is reconfigured and only the stdlib handler installed here is replaced; handlers
-    others added to the root logger stay.
+    others added to the root logger stay. Applied now when structlog is already loaded, else
+    when the first event is logged.
     """
+    global _pending  # noqa: PLW0603 - one process-wide logging setup
     resolved = resolve_format(fmt)
+    if "structlog" in sys.modules:
+        _pending = None
+        _apply(resolved, level)
+    else:
+        _pending = (resolved, level)
+    return resolved
+
+
+def _apply(resolved: LogFormat, level: str) -> None:
+    import structlog  # noqa: PLC0415 - see _structlog
+
     threshold = _LEVELS.get(level.lower(), logging.INFO)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -236,4 +287,3 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         old.close()
     root.addHandler(handler)
     root.setLevel(max(threshold, logging.WARNING))
-    return resolved

@@ -15,17 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from hal0_reconciler import __version__, _log, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import hal0, units
+from hal0_reconciler.host import hal0
 from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
 from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
-_cli_log = structlog.get_logger("hal0_reconciler.cli")
+_cli_log = _log.get_logger("hal0_reconciler.cli")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -47,7 +45,7 @@ _PATH_FLAGS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--config", type=Path, help="settings file (default /etc/hal0/reconciler.toml)"
@@ -91,17 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("probe", parents=[common], help="print the host facts and the probe verdict")
     verbs.add_parser("run", parents=[common], help="the daemon (systemd Type=notify)")
     verbs.add_parser("status", parents=[common], help="report on the running daemon")
-    try:
-        from hal0_reconciler.aiter import cli as aiter_cli
-    except ImportError:  # pragma: no cover - the aiter verbs are optional during development
-        pass
-    else:
-        aiter_cli.add_parser(verbs, parents=[common])
+    if not with_aiter:  # the aiter verbs load their whole engine: only when asked for
+        verbs.add_parser("aiter", help="aiter compiled-registry self-heal (plan|heal|...)")
+        return parser
+    from hal0_reconciler.aiter import cli as aiter_cli
+
+    aiter_cli.add_parser(verbs, parents=[common])
     return parser
 
 
+_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status"})
+
+
+def _needs_aiter(argv: Sequence[str]) -> bool:
+    """Whether the command line may be an ``aiter`` one (or asks for the full help)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first not in _LIGHT_VERBS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_aiter=_needs_aiter(argv))
     args = parser.parse_args(argv)
     try:
         overrides = _overrides(args)
@@ -171,6 +179,8 @@ def _require_slots_dir(current: settings.Settings) -> None:
 
 
 def _once(current: settings.Settings, *, restart: bool) -> int:
+    from hal0_reconciler.host import units
+
     _require_slots_dir(current)
     facts = host_facts.gather(current)
     if facts.amd and facts.lane is LaneState.UNKNOWN:

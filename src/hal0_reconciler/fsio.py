@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ def write_json(path: Path, payload: object, *, mode: int = 0o644, **dumps: Any) 
 
 def temp_path_for(path: Path) -> Path:
     """A temp name beside ``path``: hidden, marked and ending in .tmp (never a slot name)."""
-    return path.with_name(f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return path.with_name(f".{path.name}{TEMP_MARKER}{os.urandom(4).hex()}{TEMP_SUFFIX}")
 
 
 def is_own_temp(name: str) -> bool:

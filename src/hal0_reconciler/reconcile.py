@@ -15,9 +15,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from hal0_reconciler import fsio
+from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import (
     EditRefused,
     LockTimeout,
@@ -30,7 +29,7 @@ from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import document, edit, image, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
-_log = structlog.get_logger("hal0_reconciler.reconcile")
+_log = get_logger("hal0_reconciler.reconcile")
 
 
 class OutcomeStatus(enum.StrEnum):

@@ -18,15 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from hal0_reconciler import lifecycle, reconcile
+from hal0_reconciler import _log, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""

@@ -21,8 +21,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import structlog
-
 from hal0_reconciler import __version__, _log, fsio, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
@@ -34,7 +32,7 @@ from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = passes.Gather
 ReconcilerFactory = passes.ReconcilerFactory

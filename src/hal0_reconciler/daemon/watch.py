@@ -33,16 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from hal0_reconciler import lifecycle
+from hal0_reconciler import _log, lifecycle
 from hal0_reconciler.daemon import _watchdog_compat
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 from hal0_reconciler.model import SlotKey
 
-log = structlog.get_logger("hal0_reconciler.daemon.watch")
+log = _log.get_logger("hal0_reconciler.daemon.watch")
 
 _OVERFLOW_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
 # Event types that carry no change: reading a file (and the probe's own open/close of the nodes).

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import json
-import shlex
 import threading
 import time
 import urllib.error
@@ -21,15 +20,13 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-import structlog
-
-from hal0_reconciler import errors, lifecycle
+from hal0_reconciler import _log, errors, lifecycle
 from hal0_reconciler.host import proc
+from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.settings import RestartFallback, Settings
 
-log = structlog.get_logger("hal0_reconciler.host.units")
+log = _log.get_logger("hal0_reconciler.host.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
 API_KEY_VARIABLE = "HAL0_ADMIN_KEY"
@@ -54,27 +51,6 @@ class RestartRequest:
 
 def unit_name(token: str) -> str:
     return f"hal0-slot@{token}.service"
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """A shell-style ``KEY=VALUE`` file (comments, ``export``, quotes); missing file → empty."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    values: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        line = line.removeprefix("export ").strip()
-        key, _, value = line.partition("=")
-        try:
-            parts = shlex.split(value, comments=True)
-        except ValueError:
-            parts = [value.strip()]
-        values[key.strip()] = parts[0] if parts else ""
-    return values
 
 
 def is_active(settings: Settings, token: str) -> bool | None:
