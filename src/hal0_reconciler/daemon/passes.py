@@ -57,6 +57,7 @@ class Progress:
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
     hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
+    revision: int = 0  # bumped when anything status.json or the metrics show changed
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ class Passes:
             settings = self._settings
             reconciler = self._reconciler
             self.progress.busy_since = self._clock.monotonic()
+        with self.lock:
+            revision = self.progress.revision
         try:
             try:
                 if reconciler is None:
@@ -168,22 +171,25 @@ class Passes:
                 self._process_with(batch, settings, reconciler)
             finally:
                 if batch.aiter and self._aiter.enabled:
-                    self._check_aiter(settings)
+                    self._check_aiter()
         finally:
             with self.lock:
                 self.progress.busy_since = None
+                changed = self.progress.revision != revision or batch.aiter
+            # once per batch, and not for a batch that changed nothing (the echo of our write)
+            if changed and settings.metrics_textfile is not None:
+                self.write_metrics(settings)
+            with self.lock:
                 self.progress.batches += 1  # last: the main loop republishes on seeing it
             self._wake()
 
-    def _check_aiter(self, settings: Settings) -> None:
+    def _check_aiter(self) -> None:
         self._aiter.check()
         problem = self._aiter.problem()
         if problem is None:
             self.clear_problem("aiter")
         else:
             self.problem("aiter", problem)
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
 
     def _process_with(
         self, batch: workqueue.Batch, settings: Settings, reconciler: reconcile.Reconciler
@@ -207,6 +213,8 @@ class Passes:
                     demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
                 )
             with self.lock:
+                if facts != self.progress.facts:
+                    self.progress.revision += 1
                 self.progress.facts = facts
                 self.progress.recheck_at = view.recheck_at
         full = batch.everything or lane_changed
@@ -218,7 +226,7 @@ class Passes:
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
-        self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
 
     def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
@@ -227,6 +235,8 @@ class Passes:
         if reconciler.hal0_facts is not None:
             described = hal0.describe(reconciler.hal0_facts)
             with self.lock:
+                if described != self.progress.hal0:
+                    self.progress.revision += 1
                 self.progress.hal0 = described
         loud = [p.line() for p in reconciler.hal0_problems if p.not_understood]
         if loud:
@@ -253,7 +263,6 @@ class Passes:
         self,
         report: reconcile.PassReport,
         *,
-        settings: Settings,
         facts: HostFacts,
         full: bool,
         before: dict[SlotKey, str | None],
@@ -278,15 +287,7 @@ class Passes:
         now_wall = time.time()
         with self.lock:
             p = self.progress
-            slots = {} if full else dict(p.slots)
-            for o in report.outcomes:
-                if o.status is statuses.GONE:
-                    slots.pop(o.key, None)
-            hands_off = self.fights.hands_off
-            for key, entry in seen.items():
-                kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
-                slots[key] = {**slots[key], "status": entry["status"]} if kept else entry
-            p.slots = slots
+            changed = _merge_slots(p, seen, report.outcomes, full=full)
             p.passes += 1
             p.full_passes += int(full)
             p.relabels_total += len(report.relabeled)
@@ -299,16 +300,15 @@ class Passes:
             for o in report.relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
-            m.unreadable_files = sum(
-                1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value
-            )
-            m.slots = len(slots)
-            m.hands_off = len(hands_off)
+            hands_off = len(self.fights.hands_off)
+            changed = changed or bool(report.relabeled) or m.hands_off != hands_off
+            m.slots = len(p.slots)
+            m.hands_off = hands_off
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
+            if changed:
+                p.revision += 1
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
@@ -355,8 +355,52 @@ class Passes:
         with self.lock:
             if self.progress.problems.get(key) != text:
                 log.warning("daemon.problem", problem=key, detail=text)
+                self.progress.revision += 1
             self.progress.problems[key] = text
 
     def clear_problem(self, key: str) -> None:
         with self.lock:
-            self.progress.problems.pop(key, None)
+            if self.progress.problems.pop(key, None) is not None:
+                self.progress.revision += 1
+
+
+def _merge_slots(
+    p: Progress,
+    seen: dict[SlotKey, dict[str, Any]],
+    outcomes: tuple[reconcile.Outcome, ...],
+    *,
+    full: bool,
+) -> bool:
+    """Fold a pass's entries into ``p.slots`` (and the unreadable count); True when anything
+    shown changed. A partial pass updates the slots it covered in place (its cost is what it
+    covered); an entry equal to the one shown keeps its identity, so status.json re-renders
+    only the entries that changed."""
+    statuses = reconcile.OutcomeStatus
+    unreadable = statuses.UNREADABLE.value
+    old = p.slots
+    slots: dict[SlotKey, dict[str, Any]] = {} if full else old
+    changed = full and old.keys() != seen.keys()
+    for o in outcomes:
+        if o.status is statuses.GONE and o.key in slots:
+            changed = True
+            if slots.pop(o.key)["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+    for key, entry in seen.items():
+        shown = old.get(key)
+        prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
+        if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
+            entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
+        if shown == entry:
+            slots[key] = shown
+            continue
+        changed = True
+        if not full:
+            if shown is not None and shown["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+            if entry["status"] == unreadable:
+                p.metrics.unreadable_files += 1
+        slots[key] = entry
+    p.slots = slots
+    if full:
+        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
+    return changed

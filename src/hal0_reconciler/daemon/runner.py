@@ -24,7 +24,16 @@ from typing import Any
 from hal0_reconciler import __version__, _log, fsio, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
-from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
+from hal0_reconciler.daemon import (
+    notify,
+    passes,
+    publish,
+    selfheal,
+    status,
+    statusjson,
+    watch,
+    workqueue,
+)
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import hal0, units
@@ -128,6 +137,7 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._slots_json = statusjson.SlotsJson()
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -195,8 +205,8 @@ class Runner:
         try:
             with self._restarter, passes.Worker(self._queue, self._passes.process) as worker:
                 self._watcher.start()
-                self._queue.add(workqueue.Special.EVERYTHING)
-                self._loop(worker)
+                self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
+                self._loop(worker)  # waiting for a settle window: nothing is in flux yet
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
@@ -211,6 +221,7 @@ class Runner:
         next_status = 0.0
         reported_passes = -1  # passes, aiter checks and finished batches, as last published
         reported_problems: list[str] = []
+        reported_ready = False
         progress = self._passes.progress
         lock = self._passes.lock
         while True:
@@ -266,14 +277,20 @@ class Runner:
                 self._queue.add(workqueue.Special.AITER)
             with lock:
                 full_passes = progress.full_passes
-                # a batch's end counts too: its problems and metrics come after its pass/check
-                passes_done = progress.passes + self._aiter.generation() + progress.batches
+                # what status.json shows changed (not a batch that changed nothing, such as
+                # the echo of the daemon's own write), or the aiter check ran
+                passes_done = progress.revision + self._aiter.generation()
             if ready_after is not None and full_passes >= ready_after:
                 ready_after = None
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
             problems = self._health(worker, now)
-            changed = passes_done != reported_passes or problems != reported_problems
+            ready = ready_after is None
+            changed = (
+                passes_done != reported_passes
+                or problems != reported_problems
+                or ready != reported_ready
+            )
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
@@ -281,8 +298,9 @@ class Runner:
                     log.info("daemon.healthy_again")
                 reported_passes = passes_done
                 reported_problems = problems
+                reported_ready = ready
                 next_status = now + status.HEARTBEAT
-                self._publish(problems, ready=ready_after is None)
+                self._publish(problems, ready=ready)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
@@ -317,6 +335,7 @@ class Runner:
             pending_restarts=self._restarter.pending(),
             selfheal=self._aiter,
             started_at=self._started_at,
+            slots_json=self._slots_json,
         )
         snapshot, line = publish.compose(sources, problems, ready=ready)
         try:
