@@ -390,7 +390,7 @@ def _merge_slots(
         prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
         if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
             entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
-        if shown == entry:
+        if shown == entry or (shown is not None and _echo(shown, entry)):
             slots[key] = shown
             continue
         changed = True
@@ -404,3 +404,16 @@ def _merge_slots(
     if full:
         p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
     return changed
+
+
+def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """The pass after a relabel finds the file as the daemon wrote it: the relabel stays the
+    news (status.json is not rewritten for the echo of the daemon's own write)."""
+    relabeled = reconcile.OutcomeStatus.RELABELED.value
+    unchanged = reconcile.OutcomeStatus.UNCHANGED.value
+    return (
+        (shown["status"], entry["status"]) == (relabeled, unchanged)
+        and shown.get("device") == entry.get("device")
+        and shown.get("name") == entry.get("name")
+        and shown.get("path") == entry.get("path")
+    )

@@ -1,0 +1,84 @@
+"""The daemon's costs as behaviour: READY's first pass does not wait for a settle window; a
+batch that changed nothing (the echo of its own write) rewrites neither status.json nor the
+metrics; status.json re-renders only the slot entries that changed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hal0_reconciler.daemon import statusjson
+from hal0_reconciler.daemon.workqueue import Special, WorkQueue
+from hal0_reconciler.model import SlotKey
+from helpers.daemon_host import Host, drop_slot, running, wait_until
+
+
+class _Clock:
+    now = 50.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_settled_key_is_taken_at_once() -> None:
+    clock = _Clock()
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock)
+    queue.add(Special.EVERYTHING, settled=True)
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert batch.everything
+    queue.done(batch)
+    queue.add(SlotKey("/s/a.toml"))  # an ordinary event still settles
+    assert queue.take(clock.now) is None
+
+
+def test_status_fragments_render_only_what_changed() -> None:
+    slots = {SlotKey(f"/s/{n}.toml"): {"status": "unchanged", "name": str(n)} for n in range(3)}
+    renderer = statusjson.SlotsJson()
+    first = renderer.render(slots)
+    assert {f"{n}.toml": slots[SlotKey(f"/s/{n}.toml")] for n in range(3)} == json.loads(first)
+    changed = SlotKey("/s/1.toml")
+    slots[changed] = {"status": "relabeled", "name": "1"}
+    cache = renderer._cache
+    kept = {k: v[1] for k, v in cache.items()}
+    second = renderer.render(slots)
+    assert "relabeled" == json.loads(second)["1.toml"]["status"]
+    again = renderer._cache
+    assert all(again[k][1] is kept[k] for k in slots if k != changed)  # the same strings
+    snapshot = {"b": 1, "slots": second, "a": [1, "x"]}
+    text = statusjson.dumps(snapshot)
+    assert {"a": [1, "x"], "b": 1, "slots": json.loads(second)} == json.loads(text)
+    assert {} == json.loads(statusjson.dumps({"slots": renderer.render({})}))["slots"]
+
+
+def test_the_echo_of_its_own_write_rewrites_no_status(host: Host, notify_socket) -> None:
+    prom = host.root / "metrics/hal0.prom"
+    settings = host.settings(metrics_textfile=str(prom))
+    status_file = Path(settings.runtime_dir) / "status.json"
+    with running(settings) as daemon:
+        notify_socket.wait_for("READY=1")
+        target = drop_slot(host.slots, "agent")
+
+        def shown() -> dict[str, str]:
+            try:
+                return dict(json.loads(status_file.read_text())["slots"]["agent.toml"])
+            except (OSError, ValueError, KeyError):
+                return {}
+
+        wait_until(lambda: shown().get("status") == "relabeled", what="the relabel shown")
+        ident = (status_file.stat().st_ino, prom.stat().st_ino)
+        # the first full pass, the relabel's batch, then the echo of the daemon's own write
+        wait_until(lambda: daemon.stats().passes >= 3, what="the echo's pass")
+        time.sleep(0.3)
+        assert ident == (status_file.stat().st_ino, prom.stat().st_ino)
+        assert ("relabeled", "gpu-rocm") == (shown()["status"], shown()["device"])  # the news
+        passes = daemon.stats().passes
+        same = target.read_bytes()
+        tmp = target.with_name(".agent.toml.new")
+        tmp.write_bytes(same)  # a save of the same bytes: a pass that changes nothing
+        tmp.rename(target)
+        wait_until(lambda: daemon.stats().passes > passes, what="a pass for the save")
+        time.sleep(0.3)
+        assert ident == (status_file.stat().st_ino, prom.stat().st_ino)
+        assert "relabeled" == shown()["status"]
