@@ -103,6 +103,7 @@ class AiterMonitor:
         errors = [h.error for h in heals if h.error]
         try:
             self.surveyor.registry.save()
+            self.surveyor.table_cache.save()
         except OSError as exc:
             log.warning("aiter.registry_cache_unwritable", error=str(exc))
         self._report(plans)

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from hal0_reconciler import fsio
-from hal0_reconciler.aiter import plan, registry, resolve, routing, tables, target
+from hal0_reconciler.aiter import plan, registry, resolve, routing, tablecache, tables, target
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store
@@ -83,6 +83,10 @@ class Surveyor:
     def __init__(self, settings: Settings, *, cache_file: Path | None) -> None:
         self.settings = settings
         self.registry = registry.Registry(cache_file)
+        # parsed tables survive a restart (a check in a new process parses what changed)
+        self.table_cache = tablecache.TableCache(
+            None if cache_file is None else cache_file.with_name("tables.json")
+        )
         self.table_reads = 0
         self._tables: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
@@ -237,17 +241,24 @@ class Surveyor:
     ) -> plan.TableSource:
         path = Path(file.path)
         try:
-            key = ((str(path), fsio.identity_of(path.stat())), route.stem, targets)
+            st = path.stat()
         except OSError as exc:
             return plan.TableSource(file, route, error=exc.strerror or str(exc))
+        identity = fsio.identity_of(st)
+        key = ((str(path), identity), route.stem, targets)
         cached = used.get(key) or self._tables.get(key)
+        disk_key = tablecache.key_of(path, identity, route, targets)
+        if cached is None and (on_disk := self.table_cache.get(disk_key)) is not None:
+            cached = plan.TableSource(file, route, table=on_disk)
         if cached is None:
             try:
+                read_at = tablecache.now_ns()
                 data = path.read_bytes()
                 self.table_reads += 1
-                cached = plan.TableSource(
-                    file, route, table=tables.parse_table(data, route=route, targets=targets)
-                )
+                table = tables.parse_table(data, route=route, targets=targets)
+                cached = plan.TableSource(file, route, table=table)
+                if tablecache.settled(st, read_at_ns=read_at) and len(data) == st.st_size:
+                    self.table_cache.put(disk_key, table)
             except OSError as exc:
                 cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
             except tables.TableUnreadable as exc:
