@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from aiter_support import Tree
+
 from hal0_reconciler.aiter import monitor, tablecache
 
 
