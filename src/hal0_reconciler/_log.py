@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import re
 import sys
@@ -29,13 +28,7 @@ from typing import Any, TextIO
 
 from hal0_reconciler.settings import LogFormat
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
 # sd-daemon(3) priorities by structlog method / level name
 _PRIORITY = {
     "critical": 2,
@@ -158,31 +151,6 @@ def _journal_send() -> Callable[..., Any] | None:
     return send
 
 
-class _StdlibJournalFormatter(logging.Formatter):
-    """stdlib records (watchdog's) as one prefixed line too."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        priority = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4}.get(record.levelno, 3)
-        text = super().format(record).replace("\n", "\\n")
-        return f"<{priority}>{text}"
-
-
-class _StdlibJsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload = {
-            "event": record.getMessage(),
-            "logger": record.name,
-            "level": record.levelname.lower(),
-        }
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload)
-
-
-class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The stdlib handler this module installs (the one a second ``configure`` replaces)."""
-
-
 class _LazyLogger:
     """A logger that imports structlog on its first use (``structlog.get_logger`` once there)."""
 
@@ -238,7 +206,15 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
 
 
 def _apply(resolved: LogFormat, level: str) -> None:
+    import logging  # noqa: PLC0415 - see _structlog
+
     import structlog  # noqa: PLC0415 - see _structlog
+
+    from hal0_reconciler._logstd import (  # noqa: PLC0415
+        _OurHandler,
+        _StdlibJournalFormatter,
+        _StdlibJsonFormatter,
+    )
 
     threshold = _LEVELS.get(level.lower(), logging.INFO)
     shared: list[Processor] = [
@@ -287,3 +263,12 @@ def _apply(resolved: LogFormat, level: str) -> None:
         old.close()
     root.addHandler(handler)
     root.setLevel(max(threshold, logging.WARNING))
+
+
+def __getattr__(name: str) -> Any:
+    """The stdlib classes, from ``_logstd`` (imported on first use)."""
+    if name in {"_OurHandler", "_StdlibJournalFormatter", "_StdlibJsonFormatter"}:
+        from hal0_reconciler import _logstd  # noqa: PLC0415
+
+        return getattr(_logstd, name)
+    raise AttributeError(name)

@@ -255,15 +255,20 @@ def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     row = Row("`plan` on an empty folder, CPU, vs `python3 -c 'import tomllib'`", target="<= 2x")
+    row.note = "not an AMD host (this machine): no probe"
+    amd = Row("`plan` on an empty folder of an AMD host, CPU (the probe runs as the service "
+              "user in a second interpreter)", ratio_of="")
     w.refill(0)
     for _ in range(max(repeats, 5)):
-        _, c, done = timed_child(w.argv("plan"))
+        _, c, done = timed_child(w.argv("plan", amdgpu_module_dir=str(w.root / "no-amdgpu")))
         if done.returncode != 0:
             raise SystemExit(f"plan failed: {done.stderr.decode()[-2000:]}")
         _, cb, _ = timed_child([sys.executable, "-c", "import tomllib"])
+        _, ca, _ = timed_child(w.argv("plan"))
         row.ours.append(c)
         row.base.append(cb)
-    return [row]
+        amd.ours.append(ca)
+    return [row, amd]
 
 
 # --- aiter ------------------------------------------------------------------------------------------
@@ -337,6 +342,7 @@ def main() -> int:
         return 1
     chosen = [n for n in (opts.only.split(",") if opts.only else BENCHES) if n]
     rows: list[Row] = []
+    world_mod.compile_sources()
     w = world_mod.World()
     started = time.monotonic()
     try:
@@ -346,7 +352,8 @@ def main() -> int:
             print(f"# {name}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:
         w.close()
-    print(f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs, "
+    load = os.getloadavg()[0]
+    print(f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs (load {load:.1f}), "
           f"python {sys.version.split()[0]}, {time.monotonic() - started:.0f} s")
     print(table(rows))
     if opts.json:

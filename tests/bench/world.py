@@ -128,7 +128,15 @@ def env() -> dict[str, str]:
     """The environment for a child: this checkout's src first; no NOTIFY_SOCKET inherited."""
     values = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     values["PYTHONPATH"] = str(REPO / "src")
+    values.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its bytecode
     return values
+
+
+def compile_sources() -> None:
+    """Bytecode for src/ (as an installed package has), so a child does not compile it."""
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(REPO / "src")], check=True, env=env()
+    )
 
 
 def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
