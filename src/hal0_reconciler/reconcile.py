@@ -91,8 +91,16 @@ class PassReport:
 _UNREAD = object()  # the profiles file has not been read yet
 
 
+_SAME = frozenset({OutcomeStatus.UNCHANGED, OutcomeStatus.SKIPPED, OutcomeStatus.PENDING})
+"""Outcomes an unchanged file gets again in the same context (kept with the file's parse)."""
+
+
+def _keyed(paths: Iterable[Path]) -> list[tuple[SlotKey, Path | str]]:
+    return [(slot_key(p), p) for p in paths]
+
+
 def slot_key(path: Path) -> SlotKey:
-    return SlotKey(str(path.absolute()))
+    return SlotKey(str(path if path.is_absolute() else path.absolute()))
 
 
 class Reconciler:
@@ -112,6 +120,7 @@ class Reconciler:
         self._catalog_reported: str | None = None
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
         self._seen = seen.SeenSlots()
+        self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -144,20 +153,39 @@ class Reconciler:
         # again (from its cached parse when the file is unchanged)
         self._seen.judge_with((facts.amd, facts.lane, self.hal0_facts, id(self._catalog)))
         outcomes = []
-        listed = self.slot_paths() if paths is None else paths
-        for path in listed:
-            key = slot_key(path)
+        keys = set()
+        folder = self._settings.slots_dir
+        for key, known in self._listing() if paths is None else _keyed(paths):
+            keys.add(key)
             if key in hands_off:
+                path = known if isinstance(known, Path) else folder / known
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
                 continue
-            outcomes.append(self._reconcile_one(path, key, facts, apply=apply))
+            demoted = key in self._ledger
+            same = None if demoted else self._seen.same_outcome(key, apply=apply)
+            if same is not None:  # a settled, unchanged file judged in this same context
+                outcomes.append(same)
+                continue
+            path = known if isinstance(known, Path) else folder / known
+            outcome = self._reconcile_one(path, key, facts, apply=apply)
+            self._seen.note_outcome(key, outcome, apply=apply, keep=outcome.status in _SAME)
+            outcomes.append(outcome)
         if paths is None:
-            self._seen.keep_only({slot_key(p) for p in listed})
+            self._seen.keep_only(keys)
         outcomes = self._sync_folders(outcomes)
         if facts.amd and apply:
             for outcome in outcomes:
-                self._report(outcome, facts)
+                if self._reported_outcome.get(outcome.key) is not outcome:  # said already
+                    self._report(outcome, facts)
+                    self._reported_outcome[outcome.key] = outcome
         return PassReport(tuple(outcomes), time.monotonic() - started)
+
+    def _listing(self) -> list[tuple[SlotKey, Path | str]]:
+        """Every slot file's key (its path made absolute) and name: no Path object each."""
+        folder = self._settings.slots_dir
+        base = str(folder if folder.is_absolute() else folder.absolute())
+        prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
+        return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
 
     def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
         """fsync each folder a file was renamed into, once for the whole pass, before anything
@@ -182,6 +210,7 @@ class Reconciler:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
         self._unit_reported.pop(key, None)
+        self._reported_outcome.pop(key, None)
         self._seen.forget(key)
 
     # -- one file ---------------------------------------------------------------------------

@@ -135,6 +135,8 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
+        # per slot: the last outcome and the status entry made of it (same outcome, same entry)
+        self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -269,21 +271,23 @@ class Passes:
     ) -> None:
         statuses = reconcile.OutcomeStatus
         seen: dict[SlotKey, dict[str, Any]] = {}
+        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
         for o in report.outcomes:
             if o.status is statuses.GONE:
                 self.fights.forget(o.key)
+                made.pop(o.key, None)
                 continue
-            entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
-            if o.name is not None:
-                entry["name"] = o.name
-            if o.verdict is not None:
-                entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
-                entry["reason"] = o.verdict.reason.value
-            if o.message:
-                entry["message"] = o.message
+            cached = self._entries.get(o.key)
+            if cached is not None and cached[0] is o:
+                seen[o.key] = cached[1]
+                made[o.key] = cached
+                continue
+            entry = _entry(o)
             seen[o.key] = entry
+            made[o.key] = (o, entry)
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+        self._entries = made
         now_wall = time.time()
         with self.lock:
             p = self.progress
@@ -387,10 +391,13 @@ def _merge_slots(
                 p.metrics.unreadable_files -= 1
     for key, entry in seen.items():
         shown = old.get(key)
+        if shown is entry:  # the same outcome as shown: nothing to compare
+            slots[key] = entry
+            continue
         prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
         if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
             entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
-        if shown == entry or (shown is not None and _echo(shown, entry)):
+        if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
             slots[key] = shown
             continue
         changed = True
@@ -417,3 +424,16 @@ def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
         and shown.get("name") == entry.get("name")
         and shown.get("path") == entry.get("path")
     )
+
+
+def _entry(o: reconcile.Outcome) -> dict[str, Any]:
+    """A slot's entry in status.json."""
+    entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
+    if o.name is not None:
+        entry["name"] = o.name
+    if o.verdict is not None:
+        entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
+        entry["reason"] = o.verdict.reason.value
+    if o.message:
+        entry["message"] = o.message
+    return entry

@@ -21,6 +21,7 @@ import hashlib
 import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from hal0_reconciler.model import SlotKey, Verdict
 from hal0_reconciler.slots.document import SlotDoc
@@ -49,6 +50,8 @@ class _Entry:
     verdict: Verdict
     generation: int  # the judging context the verdict was made in
     demoted: bool  # the demotion record the verdict was made with
+    outcome: Any = None  # the caller's outcome for this verdict (same_outcome)
+    outcome_for: tuple[int, bool] | None = None  # (generation, apply) it was made in
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,37 @@ class SeenSlots:
             self._generation, demoted,
         )  # fmt: skip
 
+    def same_outcome(self, key: SlotKey, *, apply: bool) -> Any:
+        """The outcome noted for this file when nothing changed since (a settled read, the
+        same identity now, the same context and mode; not demoted by us): None otherwise."""
+        entry = self._entries.get(key)
+        if (
+            entry is None
+            or entry.outcome_for != (self._generation, apply)
+            or not entry.settled
+            or entry.generation != self._generation
+            or entry.demoted
+        ):
+            return None
+        try:
+            st = os.lstat(key)
+        except OSError:
+            return None
+        if identity_of(st) != entry.identity:
+            return None
+        return entry.outcome
+
+    def note_outcome(self, key: SlotKey, outcome: object, *, apply: bool, keep: bool) -> None:
+        """What the caller made of this file's current verdict (``keep``: it is what the
+        same file gets again in the same context)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        if keep and entry.generation == self._generation:
+            entry.outcome, entry.outcome_for = outcome, (self._generation, apply)
+        else:
+            entry.outcome, entry.outcome_for = None, None
+
     def forget(self, key: SlotKey) -> None:
         self._entries.pop(key, None)
 
@@ -114,6 +148,7 @@ class SeenSlots:
 
     def _current(self, entry: _Entry, *, demoted: bool, decide: Decide) -> Hit:
         if entry.generation != self._generation or entry.demoted != demoted:
+            entry.outcome = entry.outcome_for = None
             entry.verdict = decide(entry.doc)
             entry.generation = self._generation
             entry.demoted = demoted
