@@ -191,3 +191,16 @@ def test_a_folder_that_cannot_be_synced_fails_the_relabels(
     assert {OutcomeStatus.WRITE_FAILED} == {o.status for o in report.outcomes}
     assert all("could not be synced" in (o.message or "") for o in report.outcomes)
     assert ["slot.write_failed"] * 2 == [e["event"] for e in logs]
+
+
+def test_a_dry_run_outcome_is_not_taken_for_a_real_pass(
+    host_dirs: dict[str, Path], make_settings, settled_at_once: None
+) -> None:
+    """`plan`'s "pending" remembered for an unchanged file must not stand in for the write."""
+    paths = _fill(host_dirs["slots_dir"], 2)
+    engine = Reconciler(make_settings())
+    assert {OutcomeStatus.PENDING} == {
+        o.status for o in engine.reconcile(ROCM_USABLE, apply=False).outcomes
+    }
+    assert 2 == len(engine.reconcile(ROCM_USABLE).relabeled)
+    assert all(b'"gpu-rocm"' in p.read_bytes() for p in paths)
