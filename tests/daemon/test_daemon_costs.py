@@ -4,6 +4,7 @@ metrics; status.json re-renders only the slot entries that changed."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -82,3 +83,35 @@ def test_the_echo_of_its_own_write_rewrites_no_status(host: Host, notify_socket)
         time.sleep(0.3)
         assert ident == (status_file.stat().st_ino, prom.stat().st_ino)
         assert "relabeled" == shown()["status"]
+
+
+def test_reads_of_watched_files_are_left_out_of_the_inotify_mask() -> None:
+    """A process that only reads slot files (hal0 does, often) costs the daemon nothing where
+    watchdog can filter (>= 5); an observer without ``event_filter`` is called as before."""
+    from watchdog import events
+    from watchdog.observers import Observer
+
+    from hal0_reconciler.daemon import watch
+
+    observer = Observer()
+    kinds = set(watch._filtered(observer).get("event_filter", ()))  # noqa: SLF001
+    if not kinds:
+        assert "event_filter" not in str(inspect.signature(observer.schedule))
+        return
+    assert not kinds & {events.FileOpenedEvent, events.FileClosedNoWriteEvent}
+    wanted = {
+        events.FileCreatedEvent,
+        events.FileModifiedEvent,
+        events.FileClosedEvent,
+        events.FileDeletedEvent,
+        events.FileMovedEvent,
+        events.DirCreatedEvent,
+        events.DirDeletedEvent,
+        events.DirMovedEvent,
+    }
+    assert wanted <= kinds
+
+    class Old:
+        def schedule(self, handler: object, path: str, *, recursive: bool = False) -> None: ...
+
+    assert {} == watch._filtered(Old())  # noqa: SLF001
