@@ -114,3 +114,25 @@ def test_reads_of_watched_files_are_left_out_of_the_inotify_mask() -> None:
         def schedule(self, handler: object, path: str, *, recursive: bool = False) -> None: ...
 
     assert {} == watch._filtered(Old())  # noqa: SLF001
+
+
+def test_incremental_status_fragments_match_a_full_render() -> None:
+    """Told which slots changed, the renderer touches only those, and shows what a renderer
+    looking at every slot shows."""
+    slots = {SlotKey(f"/s/{n}.toml"): {"status": "unchanged", "n": n} for n in range(5)}
+    incremental = statusjson.SlotsJson()
+    incremental.render(slots)
+    steps = [
+        ("/s/1.toml", {"status": "relabeled", "n": 1}),
+        ("/s/9.toml", {"status": "unreadable", "n": 9}),  # a new file
+        ("/s/3.toml", None),  # gone
+    ]
+    for key, entry in steps:
+        if entry is None:
+            del slots[SlotKey(key)]
+        else:
+            slots[SlotKey(key)] = entry
+        shown = json.loads(incremental.render(slots, changed={SlotKey(key)}))
+        assert json.loads(statusjson.SlotsJson().render(slots)) == shown
+    stale = json.loads(incremental.render(slots, changed=set()))  # nothing said to change
+    assert {f"{n}.toml" for n in (0, 1, 2, 4, 9)} == set(stale)

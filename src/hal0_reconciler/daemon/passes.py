@@ -58,6 +58,10 @@ class Progress:
     problems: dict[str, str] = field(default_factory=dict)
     hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
     revision: int = 0  # bumped when anything status.json or the metrics show changed
+    # for status.json's cached fragments: the slots changed since it was last composed, or
+    # every slot (a full pass replaced the mapping)
+    slots_changed: set[SlotKey] = field(default_factory=set)
+    slots_renewed: bool = True
 
 
 @dataclass(frozen=True)
@@ -384,9 +388,12 @@ def _merge_slots(
     old = p.slots
     slots: dict[SlotKey, dict[str, Any]] = {} if full else old
     changed = full and old.keys() != seen.keys()
+    touched = p.slots_changed
+    p.slots_renewed = p.slots_renewed or full
     for o in outcomes:
         if o.status is statuses.GONE and o.key in slots:
             changed = True
+            touched.add(o.key)
             if slots.pop(o.key)["status"] == unreadable:
                 p.metrics.unreadable_files -= 1
     for key, entry in seen.items():
@@ -401,6 +408,7 @@ def _merge_slots(
             slots[key] = shown
             continue
         changed = True
+        touched.add(key)
         if not full:
             if shown is not None and shown["status"] == unreadable:
                 p.metrics.unreadable_files -= 1

@@ -59,10 +59,14 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             # keyed by file name: unique in the folder, unlike display names
             "slots": {Path(k).name: e for k, e in p.slots.items()}
             if src.slots_json is None
-            else src.slots_json.render(p.slots),
+            else src.slots_json.render(
+                p.slots, changed=None if p.slots_renewed else p.slots_changed
+            ),
             "hands_off": hands_off,
             "hal0": p.hal0,
         }
+        p.slots_changed = set()  # the fragments are up to date
+        p.slots_renewed = False
         last_pass_at = p.last_pass_at
         relabels = p.relabels_total
         count = len(p.slots)

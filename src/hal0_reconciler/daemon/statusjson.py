@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from hal0_reconciler.model import SlotKey
@@ -28,22 +28,33 @@ class SlotsJson:
     def __init__(self) -> None:
         self._cache: dict[SlotKey, tuple[dict[str, Any], str]] = {}
 
-    def render(self, slots: Mapping[SlotKey, dict[str, Any]]) -> Raw:
-        cache = self._cache
-        fresh: dict[SlotKey, tuple[dict[str, Any], str]] = {}
-        parts = []
-        for key, entry in slots.items():
-            cached = cache.get(key)
-            if cached is None or cached[0] is not entry:
-                name = os.path.basename(key)  # a str: no Path objects
-                text = json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
-                cached = (entry, text)
-            fresh[key] = cached
-            parts.append(cached[1])
-        self._cache = fresh
-        if not parts:
+    def render(
+        self, slots: Mapping[SlotKey, dict[str, Any]], *, changed: Collection[SlotKey] | None = None
+    ) -> Raw:
+        """The ``slots`` object. ``changed``: the only keys that may differ from the last call
+        (None: look at every entry, reusing the fragments of the very same objects)."""
+        if changed is None:
+            cache = self._cache
+            self._cache = {key: self._fragment(cache.get(key), key, e) for key, e in slots.items()}
+        else:
+            for key in changed:
+                entry = slots.get(key)
+                if entry is None:
+                    self._cache.pop(key, None)
+                else:
+                    self._cache[key] = self._fragment(self._cache.get(key), key, entry)
+        if not self._cache:
             return Raw("{}")
-        return Raw("{\n  " + ",\n  ".join(parts) + "\n }")
+        return Raw("{\n  " + ",\n  ".join(t for _, t in self._cache.values()) + "\n }")
+
+    @staticmethod
+    def _fragment(
+        cached: tuple[dict[str, Any], str] | None, key: SlotKey, entry: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        if cached is not None and cached[0] is entry:
+            return cached
+        name = os.path.basename(key)  # a str: no Path objects
+        return entry, json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
 
 
 def dumps(snapshot: Mapping[str, Any]) -> str:
