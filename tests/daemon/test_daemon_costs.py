@@ -9,6 +9,9 @@ import json
 import time
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.daemon.workqueue import Special, WorkQueue
 from hal0_reconciler.model import SlotKey
@@ -93,7 +96,7 @@ def test_reads_of_watched_files_are_left_out_of_the_inotify_mask() -> None:
 
     from hal0_reconciler.daemon import watch
 
-    kinds = set(watch._filtered(Observer).get("event_filter", ()))  # noqa: SLF001 - the class
+    kinds = set(watch._filtered(Observer).get("event_filter", ()))
     if not kinds:
         assert "event_filter" not in str(inspect.signature(Observer.schedule))
         return
@@ -113,7 +116,7 @@ def test_reads_of_watched_files_are_left_out_of_the_inotify_mask() -> None:
     class Old:
         def schedule(self, handler: object, path: str, *, recursive: bool = False) -> None: ...
 
-    assert {} == watch._filtered(Old())  # noqa: SLF001
+    assert {} == watch._filtered(Old())
 
 
 def test_incremental_status_fragments_match_a_full_render() -> None:
@@ -136,3 +139,23 @@ def test_incremental_status_fragments_match_a_full_render() -> None:
         assert json.loads(statusjson.SlotsJson().render(slots)) == shown
     stale = json.loads(incremental.render(slots, changed=set()))  # nothing said to change
     assert {f"{n}.toml" for n in (0, 1, 2, 4, 9)} == set(stale)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["unchanged", "relabeled", None]))))
+def test_any_sequence_of_slot_changes_renders_like_a_full_render(
+    steps: list[tuple[int, str | None]],
+) -> None:
+    slots: dict[SlotKey, dict[str, object]] = {
+        SlotKey(f"/s/{n}.toml"): {"status": "unchanged"} for n in range(3)
+    }
+    incremental = statusjson.SlotsJson()
+    incremental.render(slots)
+    for n, status in steps:
+        key = SlotKey(f"/s/{n}.toml")
+        if status is None:
+            slots.pop(key, None)
+        else:
+            slots[key] = {"status": status}
+        shown = json.loads(incremental.render(slots, changed={key}))
+        assert json.loads(statusjson.SlotsJson().render(slots)) == shown

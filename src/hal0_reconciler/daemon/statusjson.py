@@ -23,10 +23,18 @@ class Raw(str):
 
 
 class SlotsJson:
-    """The ``slots`` object of status.json (keyed by file name), from cached fragments."""
+    """The ``slots`` object of status.json (keyed by file name), from cached fragments.
+
+    The fragments live in a list joined in one C call; a changed slot's fragment is replaced in
+    place, a gone slot's is swapped with the last one (the order of an object's members means
+    nothing), so a batch costs what it changed plus one join.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[SlotKey, tuple[dict[str, Any], str]] = {}
+        self._parts: list[str] = []
+        self._keys: list[SlotKey] = []  # whose fragment each part is
+        self._index: dict[SlotKey, int] = {}
 
     def render(
         self, slots: Mapping[SlotKey, dict[str, Any]], *, changed: Collection[SlotKey] | None = None
@@ -35,26 +43,46 @@ class SlotsJson:
         (None: look at every entry, reusing the fragments of the very same objects)."""
         if changed is None:
             cache = self._cache
-            self._cache = {key: self._fragment(cache.get(key), key, e) for key, e in slots.items()}
+            self._cache = {key: _fragment(cache.get(key), key, e) for key, e in slots.items()}
+            self._parts = [text for _, text in self._cache.values()]
+            self._keys = list(self._cache)
+            self._index = {key: i for i, key in enumerate(self._keys)}
         else:
             for key in changed:
                 entry = slots.get(key)
                 if entry is None:
-                    self._cache.pop(key, None)
+                    self._drop(key)
+                    continue
+                fragment = self._cache[key] = _fragment(self._cache.get(key), key, entry)
+                at = self._index.get(key)
+                if at is None:
+                    self._index[key] = len(self._parts)
+                    self._parts.append(fragment[1])
+                    self._keys.append(key)
                 else:
-                    self._cache[key] = self._fragment(self._cache.get(key), key, entry)
-        if not self._cache:
+                    self._parts[at] = fragment[1]
+        if not self._parts:
             return Raw("{}")
-        return Raw("{\n  " + ",\n  ".join(t for _, t in self._cache.values()) + "\n }")
+        return Raw("{\n  " + ",\n  ".join(self._parts) + "\n }")
 
-    @staticmethod
-    def _fragment(
-        cached: tuple[dict[str, Any], str] | None, key: SlotKey, entry: dict[str, Any]
-    ) -> tuple[dict[str, Any], str]:
-        if cached is not None and cached[0] is entry:
-            return cached
-        name = os.path.basename(key)  # a str: no Path objects
-        return entry, json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
+    def _drop(self, key: SlotKey) -> None:
+        self._cache.pop(key, None)
+        at = self._index.pop(key, None)
+        if at is None:
+            return
+        last, moved = self._parts.pop(), self._keys.pop()
+        if at < len(self._parts):  # the last fragment takes the gone one's place
+            self._parts[at], self._keys[at] = last, moved
+            self._index[moved] = at
+
+
+def _fragment(
+    cached: tuple[dict[str, Any], str] | None, key: SlotKey, entry: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    if cached is not None and cached[0] is entry:
+        return cached
+    name = os.path.basename(key)  # a str: no Path objects
+    return entry, json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
 
 
 def dumps(snapshot: Mapping[str, Any]) -> str:
