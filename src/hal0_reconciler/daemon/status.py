@@ -52,7 +52,7 @@ def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
     ``statusjson.Raw`` values (the cached per-slot fragments) go in as they are."""
     path = status_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fsio.write_atomically(path, statusjson.dumps(snapshot).encode("utf-8"), mode=0o644)
+    fsio.write_atomically(path, statusjson.dumps(snapshot), mode=0o644)
 
 
 def _alive(snapshot: dict[str, Any]) -> bool:

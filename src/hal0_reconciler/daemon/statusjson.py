@@ -16,8 +16,8 @@ from typing import Any
 from hal0_reconciler.model import SlotKey
 
 
-class Raw(str):
-    """JSON text, put into the document as it is."""
+class Raw(bytes):
+    """JSON text (UTF-8), put into the document as it is."""
 
     __slots__ = ()
 
@@ -31,8 +31,8 @@ class SlotsJson:
     """
 
     def __init__(self) -> None:
-        self._cache: dict[SlotKey, tuple[dict[str, Any], str]] = {}
-        self._parts: list[str] = []
+        self._cache: dict[SlotKey, tuple[dict[str, Any], bytes]] = {}
+        self._parts: list[bytes] = []
         self._keys: list[SlotKey] = []  # whose fragment each part is
         self._index: dict[SlotKey, int] = {}
 
@@ -62,8 +62,8 @@ class SlotsJson:
                 else:
                     self._parts[at] = fragment[1]
         if not self._parts:
-            return Raw("{}")
-        return Raw("{\n  " + ",\n  ".join(self._parts) + "\n }")
+            return Raw(b"{}")
+        return Raw(b"{\n  " + b",\n  ".join(self._parts) + b"\n }")
 
     def _drop(self, key: SlotKey) -> None:
         self._cache.pop(key, None)
@@ -77,27 +77,32 @@ class SlotsJson:
 
 
 def _fragment(
-    cached: tuple[dict[str, Any], str] | None, key: SlotKey, entry: dict[str, Any]
-) -> tuple[dict[str, Any], str]:
+    cached: tuple[dict[str, Any], bytes] | None, key: SlotKey, entry: dict[str, Any]
+) -> tuple[dict[str, Any], bytes]:
     if cached is not None and cached[0] is entry:
         return cached
     name = os.path.basename(key)  # a str: no Path objects
-    return entry, json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
+    text = json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
+    return entry, text.encode("utf-8")
 
 
-def dumps(snapshot: Mapping[str, Any]) -> str:
-    """``json.dumps(snapshot, indent=1, sort_keys=True, default=str)``, with every top-level
-    ``Raw`` value put in as it is."""
+def dumps(snapshot: Mapping[str, Any]) -> bytes:
+    """``json.dumps(snapshot, indent=1, sort_keys=True, default=str)`` as UTF-8, with every
+    top-level ``Raw`` value put in as it is (the big part is never decoded or copied twice)."""
     marker = f"@raw-{os.urandom(8).hex()}@"
-    raws: dict[str, Raw] = {}
+    raws: list[Raw] = []
     plain: dict[str, Any] = {}
     for key, value in snapshot.items():
         if isinstance(value, Raw):
-            raws[f"{marker}{len(raws)}"] = value
-            plain[key] = f"{marker}{len(raws) - 1}"
+            plain[key] = f"{marker}{len(raws)}"
+            raws.append(value)
         else:
             plain[key] = value
     text = json.dumps(plain, indent=1, sort_keys=True, default=str)
-    for placeholder, raw in raws.items():
-        text = text.replace(json.dumps(placeholder), raw, 1)
-    return text
+    placed = sorted((text.find(json.dumps(f"{marker}{n}")), n) for n in range(len(raws)))
+    pieces: list[bytes] = []
+    for _, n in placed:  # in the order sort_keys put them
+        before, _, text = text.partition(json.dumps(f"{marker}{n}"))
+        pieces += [before.encode("utf-8"), raws[n]]
+    pieces.append(text.encode("utf-8"))
+    return b"".join(pieces)
