@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def is_own_temp(name: str) -> bool:
 
 def write_atomically(
     path: Path,
-    data: bytes,
+    data: bytes | Sequence[bytes],
     *,
     mode: int = 0o644,
     uid: int | None = None,
@@ -58,9 +59,10 @@ def write_atomically(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in [data] if isinstance(data, bytes) else data:  # pieces: not joined
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
             os.fchmod(fd, mode)

@@ -51,9 +51,9 @@ def test_status_fragments_render_only_what_changed() -> None:
     again = renderer._cache
     assert all(again[k][1] is kept[k] for k in slots if k != changed)  # the same strings
     snapshot = {"b": 1, "slots": second, "a": [1, "x"], "0": statusjson.Raw(b'{"z": "\xc3\xa9"}')}
-    text = statusjson.dumps(snapshot)
+    text = b"".join(statusjson.dumps(snapshot))
     assert {"0": {"z": "é"}, "a": [1, "x"], "b": 1, "slots": json.loads(second)} == json.loads(text)
-    assert {} == json.loads(statusjson.dumps({"slots": renderer.render({})}))["slots"]
+    assert {} == json.loads(b"".join(statusjson.dumps({"slots": renderer.render({})})))["slots"]
 
 
 def test_the_echo_of_its_own_write_rewrites_no_status(host: Host, notify_socket) -> None:

@@ -86,9 +86,10 @@ def _fragment(
     return entry, text.encode("utf-8")
 
 
-def dumps(snapshot: Mapping[str, Any]) -> bytes:
+def dumps(snapshot: Mapping[str, Any]) -> list[bytes]:
     """``json.dumps(snapshot, indent=1, sort_keys=True, default=str)`` as UTF-8, with every
-    top-level ``Raw`` value put in as it is (the big part is never decoded or copied twice)."""
+    top-level ``Raw`` value put in as it is: the pieces, to be written one after the other (the
+    big part is never decoded, re-encoded or copied again)."""
     marker = f"@raw-{os.urandom(8).hex()}@"
     raws: list[Raw] = []
     plain: dict[str, Any] = {}
@@ -105,4 +106,4 @@ def dumps(snapshot: Mapping[str, Any]) -> bytes:
         before, _, text = text.partition(json.dumps(f"{marker}{n}"))
         pieces += [before.encode("utf-8"), raws[n]]
     pieces.append(text.encode("utf-8"))
-    return b"".join(pieces)
+    return pieces
