@@ -26,6 +26,7 @@ PURE = [
     "aiter/tables.py",
     "aiter/routing.py",
     "aiter/plan.py",
+    "aiter/rules.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk
 IO_MODULES = {

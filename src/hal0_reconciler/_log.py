@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
+from hal0_reconciler import console
 from hal0_reconciler.settings import LogFormat
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
@@ -45,6 +46,13 @@ _BARE = re.compile(r"^[A-Za-z0-9_.,:/@+%=-]+$")
 SYSLOG_IDENTIFIER = "hal0-reconciler"
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
+
+
+def drop_none(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """A field with no value is left out: ``None`` is Python's word, not an operator's."""
+    for key in [k for k, v in event_dict.items() if v is None]:
+        del event_dict[key]
+    return event_dict
 
 
 def journal_stream_is_stderr(stream: TextIO | None = None) -> bool:
@@ -220,6 +228,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
+        drop_none,
     ]
     logger_factory: Callable[..., Any]
     processors: list[Processor]
@@ -238,7 +247,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
         processors = [
             *shared,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(),
+            structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
         logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))

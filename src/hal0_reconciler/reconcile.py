@@ -34,7 +34,7 @@ _log = get_logger("hal0_reconciler.reconcile")
 
 class OutcomeStatus(enum.StrEnum):
     UNCHANGED = "unchanged"  # kept, with the verdict's reason
-    PENDING = "pending"  # dry run: would be relabelled
+    PENDING = "pending"  # dry run: would be relabelled (message: why comments would be lost)
     RELABELED = "relabeled"
     SKIPPED = "skipped"  # runtime unresolved
     HANDS_OFF = "hands-off"  # the daemon stopped fighting over this slot
@@ -103,6 +103,22 @@ def slot_key(path: Path) -> SlotKey:
     return SlotKey(str(path if path.is_absolute() else path.absolute()))
 
 
+def _dry_write(
+    slot_file: store.SlotFile, doc: document.SlotDoc, new: str | None
+) -> tuple[OutcomeStatus, str | None]:
+    """What the write would do, said beforehand: PENDING, with why when it would rewrite the
+    whole file (comments and layout lost); WRITE_FAILED when the edit would be refused."""
+    if new is None:
+        return OutcomeStatus.PENDING, None
+    try:
+        result = edit.set_device(
+            slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
+        )
+    except EditRefused as exc:
+        return OutcomeStatus.WRITE_FAILED, str(exc)
+    return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
+
+
 class Reconciler:
     """Applies the policy to slot files. Holds only memory of what it already reported."""
 
@@ -132,6 +148,11 @@ class Reconciler:
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
+
+    @property
+    def own_demotions(self) -> int:
+        """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
+        return len(self._ledger.keys())
 
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
@@ -216,17 +237,20 @@ class Reconciler:
     # -- one file ---------------------------------------------------------------------------
 
     def _reconcile_one(self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool) -> Outcome:
-        read = self._read_and_decide(path, key, facts)
+        # a dry run previews the edit: it needs the bytes (still not parsed when unchanged)
+        read = self._read_and_decide(path, key, facts, fresh=not apply)
         if isinstance(read, Outcome):
             return read
-        doc, verdict, _ = read
+        doc, verdict, slot_file = read
         if verdict.action is Action.SKIP:
             return _outcome(key, path, doc, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:
             self._settle_ledger(key, verdict)
             return _outcome(key, path, doc, OutcomeStatus.UNCHANGED, verdict)
         if not apply:
-            return _outcome(key, path, doc, OutcomeStatus.PENDING, verdict)
+            assert slot_file is not None  # noqa: S101 - a dry run reads the bytes (fresh)
+            status, note = _dry_write(slot_file, doc, verdict.new)
+            return _outcome(key, path, doc, status, verdict, note)
         try:
             with store.slot_write_lock(
                 self._settings.effective_lock_file,
@@ -311,7 +335,7 @@ class Reconciler:
             doc = document.parse_slot(text, stem=path.stem)
         except UnicodeDecodeError as exc:
             self._seen.forget(key)
-            message = f"not UTF-8: {exc}"
+            message = f"not UTF-8 text (byte {exc.start} is not valid UTF-8)"
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
             self._seen.forget(key)

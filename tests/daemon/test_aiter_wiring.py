@@ -163,7 +163,8 @@ class _ExplodingMonitor:
 def test_a_failing_aiter_check_does_not_stop_slot_relabels(
     host: Host, notify_socket: Any, tree: aiter_support.Tree
 ) -> None:
-    """Each failed check is one event; slots are still relabelled; repeated failures show up."""
+    """Each failed check is one event; slots are still relabelled; repeated failures show up,
+    and the daemon says it is degraded (alive, but a check cannot run)."""
     exploding = _ExplodingMonitor(tree.configs)
     settings = _with_aiter(host.settings(), tree, settle_window=0.05)
     with capture_logs() as logs, running(settings, aiter_factory=lambda _s: exploding):
@@ -182,7 +183,11 @@ def test_a_failing_aiter_check_does_not_stop_slot_relabels(
         )
     failed = [e for e in logs if e["event"] == "aiter.check_failed"]
     assert exploding.calls == len(failed)
-    assert ("error", True) == (failed[0]["log_level"], snapshot["healthy"])
+    assert ("error", False, "degraded") == (
+        failed[0]["log_level"],
+        snapshot["healthy"],
+        snapshot["health"],
+    )
     assert 3 == sum(1 for e in logs if e["event"] == "slot.relabeled")
 
 
@@ -254,3 +259,24 @@ def test_the_daemon_settles_the_aiter_key_with_its_own_window(tree: aiter_suppor
         assert 2.5 == daemon._queue.ready_at() - clock.now
     finally:
         daemon.close()
+
+
+def test_a_row_no_rebuild_fixes_is_reported_for_a_person_and_never_healed(
+    host: Host, notify_socket: Any, tree: aiter_support.Tree
+) -> None:
+    """An overlay with an empty ck kernelName: status.json lists the module under fix_tables,
+    and nothing is quarantined (no rebuild fixes such a row)."""
+    settings = _with_aiter(host.settings(), tree)
+    with running(settings):
+        notify_socket.wait_for("READY=1")
+        wait_until(lambda: _aiter_status(settings).get("checks", 0) >= 1, what="first check")
+        overlays = tree.configs / "model_configs"
+        tmp = overlays / ".broken.tmp"
+        tmp.write_text(f"{HEADER}\ngfx950,256,8,7168,2048,ck,1,0,5.0,,1.0,1.0,0.0\n")
+        tmp.rename(overlays / f"{BPS}_broken.csv")
+        wait_until(
+            lambda: _aiter_status(settings).get("fix_tables"), timeout=20, what="the broken row"
+        )
+        aiter_status = _aiter_status(settings)
+    assert [f"base:{BPS_CK}"] == aiter_status["fix_tables"]
+    assert ([], 0) == (_quarantined(tree), aiter_status["heals"])

@@ -87,6 +87,26 @@ def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) 
     }
 
 
+def test_plan_says_beforehand_when_a_write_would_lose_comments(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
+    """A slot whose label cannot be edited in place is flagged in the table and in --json."""
+    exotic = seeded_slots / "exotic.toml"
+    exotic.write_text('# lost\n[slot]\nname = "x"\ndevice = "gpu-vulkan"\n[slot.backend]\nv = 1\n')
+    (seeded_slots / "broken.toml").write_text("device = \n")  # a message, but no write
+    args = [*host_args(host_dirs), "--assume-amd", "--assume-rocm=usable"]
+    table = cli("plan", *args).stdout.splitlines()
+    doc = json.loads(cli("plan", *args, "--json").stdout)
+    notes = [line for line in table if line.startswith("note:")]
+    assert 1 == len(notes), table
+    assert notes[0].startswith("note: exotic.toml: the write would rewrite the whole file"), notes
+    assert "backend is a table of its own" in notes[0]
+    lost = {s["file"]: (s["loses_comments"], s["loses_comments_why"]) for s in doc["slots"]}
+    assert lost.pop("exotic.toml")[0] is True
+    assert (False, None) == lost.pop("broken.toml")
+    assert {(False, None)} == set(lost.values())
+
+
 def test_plan_on_a_non_amd_host_has_nothing_to_do(
     seeded_slots: Path, host_dirs: dict[str, Path]
 ) -> None:
@@ -173,11 +193,12 @@ def test_bad_setting_is_named(tmp_path: Path) -> None:
 def test_a_probe_that_cannot_run_demotes_nothing(
     seeded_slots: Path, host_dirs: dict[str, Path]
 ) -> None:
-    """A mistyped service user makes the probe fail: `once` says so and demotes nothing."""
+    """A mistyped service user makes the probe fail: `once` says so, demotes nothing and exits
+    1 (the pass could not do its job)."""
     host_dirs["amdgpu_module_dir"].mkdir(parents=True)
     before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
     result = cli("once", *host_args(host_dirs), "--user", "no-such-user-here")
-    assert 0 == result.returncode, result.stderr
+    assert 1 == result.returncode, result.stderr
     events = [json.loads(line) for line in result.stderr.splitlines()]
     assert ["host.probe_failed"] == [e["event"] for e in events]
     assert "no-such-user-here" in events[0]["reason"]
@@ -196,6 +217,13 @@ def test_a_probe_that_cannot_run_demotes_nothing(
             ["--set", "slots_dir="],
             "setting 'slots_dir' has a bad value '': a path must not be empty",
         ),
+        (
+            ["--slots-dir", ""],
+            (
+                "argument --slots-dir: a path must not be empty (it would mean this folder) "
+                "(see hal0-reconciler {verb} --help)"
+            ),
+        ),
     ],
 )
 @pytest.mark.parametrize("verb", ["once", "plan"])
@@ -204,7 +232,8 @@ def test_a_wrong_slots_folder_is_an_error_not_no_changes(
 ) -> None:
     """A typo in the slots folder exits 1 with one line, instead of reporting nothing to do."""
     result = cli(verb, *flag)
-    assert (1, f"hal0-reconciler: {message}\n") == (result.returncode, result.stderr)
+    error = result.stderr.splitlines()[-1]
+    assert (1, f"hal0-reconciler: error: {message.format(verb=verb)}") == (result.returncode, error)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")

@@ -10,6 +10,7 @@ version's parser may read tables differently, so its entries are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,11 +28,38 @@ Identity = tuple[int, int, int, int]
 
 
 def key_of(
-    path: Path, identity: Identity, route: routing.TableRoute, targets: frozenset[tables.Target]
+    path: Path,
+    identity: Identity,
+    route: routing.TableRoute,
+    targets: frozenset[tables.Target],
+    key_columns: tuple[str, ...] = (),
 ) -> str:
-    shown_route = hashlib.sha256(repr(route).encode()).hexdigest()[:16]
+    """The entry's key: the file as it is, and everything ``parse_table`` was asked."""
+    asked = hashlib.sha256(repr((route, key_columns)).encode()).hexdigest()[:16]
     shown_targets = ",".join(str(t) for t in sorted(targets))
-    return f"{path}|{':'.join(map(str, identity))}|{shown_route}|{shown_targets}"
+    return f"{path}|{':'.join(map(str, identity))}|{asked}|{shown_targets}"
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+_SHAPE = (
+    _fields(tables.Table),
+    _fields(tables.KernelRow),
+    _fields(tables.BrokenRow),
+    _fields(tables.Shape),
+)
+_KNOWN = (
+    ("rows", "digest", "data_rows", "other_target_rows", "uncompiled_rows", "quirks", "broken",
+     "shapes"),
+    ("name", "line", "module", "gfx", "cu_num"),
+    ("line", "module", "reason"),
+    ("line", "key", "us"),
+)  # fmt: skip
+ENABLED = _SHAPE == _KNOWN
+"""False when ``tables`` grew a field this encoding does not carry: nothing is cached then
+(never a table decoded without it)."""
 
 
 def settled(st: os.stat_result, *, read_at_ns: int) -> bool:
@@ -50,6 +78,8 @@ class TableCache:
             self._load(path)
 
     def get(self, key: str) -> tables.Table | None:
+        if not ENABLED:
+            return None
         raw = self._entries.get(key)
         if raw is None:
             return None
@@ -63,6 +93,8 @@ class TableCache:
         return table
 
     def put(self, key: str, table: tables.Table) -> None:
+        if not ENABLED:
+            return
         self._entries[key] = _encode(table)
         self._used.add(key)
         self._dirty = True
@@ -98,36 +130,54 @@ class TableCache:
 def _encode(table: tables.Table) -> dict[str, Any]:
     names: dict[str, int] = {}
     modules: dict[str, int] = {}
-    flat: list[int] = []
-    for row in table.rows:
-        flat += [
-            names.setdefault(row.name, len(names)),
-            row.line,
-            modules.setdefault(row.module, len(modules)),
+    rows = [
+        [
+            names.setdefault(r.name, len(names)),
+            r.line,
+            modules.setdefault(r.module, len(modules)),
+            r.gfx,
+            r.cu_num,
         ]
+        for r in table.rows
+    ]
     return {
         "names": list(names),
         "modules": list(modules),
-        "rows": flat,
+        "rows": rows,
         "digest": table.digest,
         "counts": [table.data_rows, table.other_target_rows, table.uncompiled_rows],
         "quirks": list(table.quirks),
+        "broken": [[b.line, b.module, b.reason] for b in table.broken],
+        "shapes": [[s.line, list(s.key), s.us] for s in table.shapes],
     }
 
 
 def _decode(raw: dict[str, Any]) -> tables.Table:
     names = [str(n) for n in raw["names"]]
     modules = [str(m) for m in raw["modules"]]
-    flat = raw["rows"]
-    if len(flat) % 3:
-        raise ValueError("rows")
-    row = tables.KernelRow
     rows = tuple(
-        row(names[flat[i]], int(flat[i + 1]), modules[flat[i + 2]]) for i in range(0, len(flat), 3)
+        tables.KernelRow(
+            names[n],
+            int(line),
+            modules[m],
+            None if gfx is None else str(gfx),
+            None if cu is None else int(cu),
+        )
+        for n, line, m, gfx, cu in raw["rows"]
     )
     data_rows, other, uncompiled = (int(c) for c in raw["counts"])
     return tables.Table(
-        rows, str(raw["digest"]), data_rows, other, uncompiled, tuple(map(str, raw["quirks"]))
+        rows,
+        str(raw["digest"]),
+        data_rows,
+        other,
+        uncompiled,
+        tuple(map(str, raw["quirks"])),
+        tuple(tables.BrokenRow(int(a), str(b), str(c)) for a, b, c in raw["broken"]),
+        tuple(
+            tables.Shape(int(line), tuple(map(str, key)), float(us))
+            for line, key, us in raw["shapes"]
+        ),
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from hal0_reconciler import _log, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import hal0, units
-from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger("hal0_reconciler.daemon")
@@ -30,6 +30,16 @@ Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+
+def lane_metric_state(facts: HostFacts) -> str:
+    """The ROCm lane as a metrics state: usable / unusable (within the grace too) / unknown
+    (the probe could not run) / not-amd."""
+    if not facts.amd:
+        return "not-amd"
+    if facts.lane is LaneState.USABLE:
+        return "usable"
+    return "unknown" if facts.lane is LaneState.UNKNOWN else "unusable"
 
 
 def digest(path: Path) -> str | None:
@@ -126,6 +136,7 @@ class Passes:
         wake: Callable[[], None],
     ) -> None:
         self.lock = threading.RLock()
+        self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
             limit=settings.fight_limit, window=settings.fight_window, clock=clock
@@ -168,6 +179,7 @@ class Passes:
             self.progress.busy_since = self._clock.monotonic()
         with self.lock:
             revision = self.progress.revision
+        restarts = sum(self._restarter.results.values())
         try:
             try:
                 if reconciler is None:
@@ -182,6 +194,7 @@ class Passes:
             with self.lock:
                 self.progress.busy_since = None
                 changed = self.progress.revision != revision or batch.aiter
+            changed = changed or sum(self._restarter.results.values()) != restarts
             # once per batch, and not for a batch that changed nothing (the echo of our write)
             if changed and settings.metrics_textfile is not None:
                 self.write_metrics(settings)
@@ -218,6 +231,7 @@ class Passes:
                     reason=raw.lane_reason,
                     demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
                 )
+            self._note_probe(raw)
             with self.lock:
                 if facts != self.progress.facts:
                     self.progress.revision += 1
@@ -232,6 +246,11 @@ class Passes:
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
+        with self.lock:
+            demoted = reconciler.own_demotions
+            if demoted != self.progress.metrics.demoted_slots:
+                self.progress.revision += 1
+            self.progress.metrics.demoted_slots = demoted
         self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
 
@@ -249,6 +268,27 @@ class Passes:
             self.problem("hal0", "; ".join(loud))
         else:
             self.clear_problem("hal0")
+
+    def _note_probe(self, raw: HostFacts) -> None:
+        """A probe that cannot run (no such service user...) proves nothing and demotes
+        nothing, but the daemon cannot do its job: said once at warning, degraded until fixed."""
+        problem = None
+        if raw.amd and raw.lane is LaneState.UNKNOWN:
+            problem = f"the ROCm-lane probe cannot run: {raw.lane_reason}"
+        with self.lock:
+            before = self.progress.problems.get("probe")
+            if problem != before:
+                self.progress.revision += 1
+            if problem is None:
+                self.progress.problems.pop("probe", None)
+            else:
+                self.progress.problems["probe"] = problem
+        if problem is not None and problem != before:
+            log.warning(
+                "host.probe_failed", reason=raw.lane_reason, effect="no slot is demoted to cpu"
+            )
+        elif problem is None and before is not None:
+            log.info("host.probe_runs_again")
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""
@@ -308,6 +348,9 @@ class Passes:
             for o in report.relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
+                reason = o.verdict.reason if o.verdict is not None else None
+                m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
+                m.restores += reason is Reason.RESTORE_OWN_DEMOTION
             hands_off = len(self.fights.hands_off)
             changed = changed or bool(report.relabeled) or m.hands_off != hands_off
             m.slots = len(p.slots)
@@ -315,6 +358,7 @@ class Passes:
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
+            m.rocm_lane = lane_metric_state(facts)
             if changed:
                 p.revision += 1
 
@@ -324,6 +368,8 @@ class Passes:
             o.key, old=o.verdict.old, new=o.verdict.new, before=before, after=digest(o.path)
         )
         if reverts is not None:
+            with self.lock:
+                self.progress.metrics.fights += 1
             log.error(
                 "slot.fight_detected",
                 slot=o.name,
@@ -340,9 +386,12 @@ class Passes:
     def write_metrics(self, settings: Settings) -> None:
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
+        not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
+        results = self._restarter.results
         with self.lock:
             m = self.progress.metrics
-            m.restarts = {r.value: n for r, n in self._restarter.results.items()}
+            m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.aiter_not_converging = not_converging
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals
@@ -350,14 +399,23 @@ class Passes:
             snapshot = metrics.Metrics(**vars(m))
         folder = settings.metrics_textfile.parent
         try:
-            if not folder.is_dir():
-                folder.mkdir(parents=True, exist_ok=True)
-                folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
-            metrics.write_textfile(settings.metrics_textfile, snapshot)
+            with self._metrics_lock:  # the worker (after a pass) and the main loop (health)
+                if not folder.is_dir():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
+                metrics.write_textfile(settings.metrics_textfile, snapshot)
         except OSError as exc:
             self.problem("metrics", f"cannot write {settings.metrics_textfile}: {exc}")
         else:
             self.clear_problem("metrics")
+
+    def note_health(self, *, healthy: bool, settings: Settings) -> None:
+        """The main loop's verdict, for the ``healthy`` gauge (written when it changes)."""
+        with self.lock:
+            changed = self.progress.metrics.healthy != healthy
+            self.progress.metrics.healthy = healthy
+        if changed and settings.metrics_textfile is not None:
+            self.write_metrics(settings)
 
     def problem(self, key: str, text: str) -> None:
         with self.lock:

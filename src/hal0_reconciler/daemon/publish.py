@@ -28,8 +28,15 @@ class Sources:
     slots_json: statusjson.SlotsJson | None = None  # cached per-slot fragments (the daemon's)
 
 
-def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str, Any], str]:
-    """The status.json snapshot and the STATUS= line (health ``problems`` first)."""
+def compose(
+    src: Sources, problems: list[str], *, ready: bool, degraded: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], str]:
+    """The status.json snapshot and the STATUS= line (health ``problems`` first).
+
+    ``problems`` make the daemon *unhealthy* (its own machinery is broken: WATCHDOG=1 stops);
+    ``degraded`` and the worker's problems make it *degraded* (alive, but part of its job cannot
+    be done: no slots folder, a probe that cannot run, a write or a watch that fails).
+    Either way ``healthy`` is false and ``status`` exits non-zero."""
     with src.passes.lock:
         p = src.passes.progress
         facts = p.facts
@@ -45,8 +52,7 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             "updated_at": time.time(),
             "heartbeat": status.HEARTBEAT,
             "ready": ready,
-            "healthy": not problems,
-            "problems": [*problems, *p.problems.values()],
+            "problems": [*problems, *degraded, *p.problems.values()],
             "passes": p.passes,
             "relabels_total": p.relabels_total,
             "last_pass": {
@@ -91,6 +97,9 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
         snapshot["watch_mode"] = health.mode
         snapshot["watched"] = list(health.watched)
         snapshot["problems"] += [f"cannot watch {p}: {r}" for p, r in health.failures.items()]
+    state = "unhealthy" if problems else "degraded" if snapshot["problems"] else "healthy"
+    snapshot["health"] = state
+    snapshot["healthy"] = state == "healthy"
     heal = src.selfheal.status()
     if heal is not None:
         snapshot["aiter"] = heal
@@ -106,4 +115,6 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
         line += ", aiter heal pending"
     if problems:
         line += f", UNHEALTHY: {problems[0]}"
+    elif state == "degraded":
+        line += f", DEGRADED: {snapshot['problems'][0]}"
     return snapshot, line

@@ -138,6 +138,7 @@ class Runner:
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
         self._slots_json = statusjson.SlotsJson()
+        self._slots_dir_problem: str | None = None
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -280,17 +281,13 @@ class Runner:
                 # what status.json shows changed (not a batch that changed nothing, such as
                 # the echo of the daemon's own write), or the aiter check ran
                 passes_done = progress.revision + self._aiter.generation()
-            if ready_after is not None and full_passes >= ready_after:
+            became_ready = ready_after is not None and full_passes >= ready_after
+            if became_ready:
                 ready_after = None
-                self._notifier.ready()
-                log.info("daemon.ready", watches=watcher.health().mode)
             problems = self._health(worker, now)
             ready = ready_after is None
-            changed = (
-                passes_done != reported_passes
-                or problems != reported_problems
-                or ready != reported_ready
-            )
+            changed = self._check_slots_dir() or became_ready or ready != reported_ready
+            changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
@@ -301,6 +298,9 @@ class Runner:
                 reported_ready = ready
                 next_status = now + status.HEARTBEAT
                 self._publish(problems, ready=ready)
+            if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
+                self._notifier.ready()
+                log.info("daemon.ready", watches=watcher.health().mode)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
@@ -326,6 +326,28 @@ class Runner:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
         return problems
 
+    def _check_slots_dir(self) -> bool:
+        """A missing slots folder is said once, at warning; the daemon is degraded (not dead:
+        the watches bring the folder in at once when it appears) until it is there."""
+        folder = self._settings.slots_dir
+        problem = None
+        if not folder.is_dir():
+            what = "does not exist" if not folder.exists() else "is not a directory"
+            problem = f"slots directory {folder} {what}"
+        if problem == self._slots_dir_problem:
+            return False
+        if problem is not None:
+            log.warning(
+                "daemon.slots_dir_missing",
+                path=str(folder),
+                problem=problem,
+                action="watching for it to appear; degraded until then",
+            )
+        else:
+            log.info("daemon.slots_dir_found", path=str(folder))
+        self._slots_dir_problem = problem
+        return True
+
     def _publish(self, problems: list[str], *, ready: bool) -> None:
         """STATUS= line and status.json."""
         watcher = self._watcher
@@ -337,11 +359,13 @@ class Runner:
             started_at=self._started_at,
             slots_json=self._slots_json,
         )
-        snapshot, line = publish.compose(sources, problems, ready=ready)
+        degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
+        snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
             log.warning("daemon.status_write_failed", error=str(exc))
+        self._passes.note_health(healthy=snapshot["healthy"], settings=self._settings)
         self._notifier.status(line)
 
     def _reload(self) -> bool:

@@ -86,38 +86,52 @@ def _aiter_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
-    """A short human report of the daemon's status file, and the exit code for ``status``."""
-    now = time.time() if now is None else now
+def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any] | None]:
+    """The daemon's state word, the report's first line, the exit code, and the snapshot."""
     path = status_path(settings)
     try:
         snapshot = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return f"hal0-reconciler: not running (no {path})", EXIT_NOT_RUNNING
-    except (OSError, ValueError) as exc:
-        return f"hal0-reconciler: status unknown ({path}: {exc})", EXIT_UNKNOWN
+        return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
+    except OSError as exc:
+        return "unknown", f"status unknown ({path}: {exc.strerror})", EXIT_UNKNOWN, None
+    except ValueError:
+        return "unknown", f"status unknown ({path}: not JSON)", EXIT_UNKNOWN, None
     if not isinstance(snapshot, dict):
-        return f"hal0-reconciler: status unknown ({path}: not an object)", EXIT_UNKNOWN
+        return "unknown", f"status unknown ({path}: not an object)", EXIT_UNKNOWN, None
     pid = snapshot.get("pid")
     heartbeat = float(snapshot.get("heartbeat", HEARTBEAT))
     updated = snapshot.get("updated_at", 0)
-    lines: list[str] = []
     if not _alive(snapshot):
-        head = f"hal0-reconciler: not running (pid {pid} is gone; status from {_ago(now, updated)})"
-        code = EXIT_NOT_RUNNING
-    elif not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
-        head = (
-            f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
-        )
-        code = EXIT_UNHEALTHY
-    elif not snapshot.get("healthy", False):
-        head = f"hal0-reconciler: unhealthy (pid {pid})"
-        code = EXIT_UNHEALTHY
-    else:
-        state = "running" if snapshot.get("ready") else "starting"
-        head = f"hal0-reconciler: {state} (pid {pid}), healthy"
-        code = EXIT_OK
-    lines.append(head)
+        head = f"not running (pid {pid} is gone; status from {_ago(now, updated)})"
+        return "not-running", head, EXIT_NOT_RUNNING, snapshot
+    if not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
+        head = f"unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
+        return "stale", head, EXIT_UNHEALTHY, snapshot
+    health = snapshot.get("health")
+    if health == "degraded":
+        return "degraded", f"degraded (pid {pid})", EXIT_UNHEALTHY, snapshot
+    if health == "unhealthy" or not snapshot.get("healthy", False):
+        return "unhealthy", f"unhealthy (pid {pid})", EXIT_UNHEALTHY, snapshot
+    state = "running" if snapshot.get("ready") else "starting"
+    return state, f"{state} (pid {pid}), healthy", EXIT_OK, snapshot
+
+
+def report_json(settings: Settings, *, now: float | None = None) -> tuple[dict[str, Any], int]:
+    """``status --json``: the judged state (what monitoring alerts on) and the daemon's own
+    snapshot (``null`` when there is none)."""
+    now = time.time() if now is None else now
+    state, head, code, snapshot = _judge(settings, now)
+    return {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}, code
+
+
+def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
+    """A short human report of the daemon's status file, and the exit code for ``status``."""
+    now = time.time() if now is None else now
+    _state, head, code, snapshot = _judge(settings, now)
+    lines = [f"hal0-reconciler: {head}"]
+    if snapshot is None:
+        return lines[0], code
     last = snapshot.get("last_pass") or {}
     if last:
         lines.append(
@@ -126,7 +140,9 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
             f"{snapshot.get('relabels_total', 0)} relabelled since start"
         )
     lane = snapshot.get("lane") or {}
-    if lane:
+    if lane.get("amd") is False:
+        lines.append("  host:       not an AMD host (nothing is touched)")
+    elif lane:
         lines.append(f"  rocm lane:  {lane.get('state')} ({lane.get('reason')})")
     lines.append(f"  watches:    {snapshot.get('watch_mode', '?')}")
     lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
