@@ -58,7 +58,7 @@ def test_over_a_mapped_file(tmp_path: Path) -> None:
 
 
 def test_an_occurrence_overlapping_an_earlier_prefix_hit_is_found() -> None:
-    """"kk_kk_1" in "kk_kk_kk_1": the prefix hits at 0, 3 and 6; only 3 ends at the NUL."""
+    """ "kk_kk_1" in "kk_kk_kk_1": the prefix hits at 0, 3 and 6; only 3 ends at the NUL."""
     data = b"\x00kk_kk_kk_1\x00"
     assert {"kk_kk_1": True} == registry.registered_in(data, {"kk_kk_1"})
     assert {"aa": True} == registry.registered_in(b"aaa\x00", {"aa"})

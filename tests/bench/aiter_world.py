@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import world as world_mod
 
@@ -28,6 +28,7 @@ DATA = HERE.parent / "aiter" / "data" / "configs"
 _CHILD = """
 import sys, time
 from pathlib import Path
+from typing import Self
 from hal0_reconciler.aiter import monitor
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 root = Path(sys.argv[1])
@@ -57,8 +58,8 @@ class AiterWorld:
 
     def _needs(self) -> dict[str, set[str]]:
         sys.path.insert(0, str(world_mod.REPO / "src"))
-        from hal0_reconciler.aiter import monitor, plan  # noqa: PLC0415
-        from hal0_reconciler.settings import AiterSettings, AiterTree, Settings  # noqa: PLC0415
+        from hal0_reconciler.aiter import monitor, plan
+        from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 
         settings = Settings(
             slots_dir=self.root / "slots",
@@ -70,7 +71,9 @@ class AiterWorld:
         needs = plan.needed_names(s for p in report.plans for s in p.sources)
         self.routes = {  # table path -> the modules its rows route to, with the names
             str(s.file.path): {r.module: set() for r in s.table.rows}
-            for p in report.plans for s in p.sources if s.table is not None
+            for p in report.plans
+            for s in p.sources
+            if s.table is not None
         }
         for p in report.plans:
             for s in p.sources:
@@ -82,8 +85,10 @@ class AiterWorld:
     def describe(self) -> str:
         total = sum(p.stat().st_size for p in self.modules) / 1e6
         names = sum(len(n) for n in self.needs.values())
-        return (f"{len(self.modules)} modules, {total:.0f} MB, {names} names, "
-                f"{len(self.table_files)} tables")
+        return (
+            f"{len(self.modules)} modules, {total:.0f} MB, {names} names, "
+            f"{len(self.table_files)} tables"
+        )
 
     def drop_caches(self) -> None:
         shutil.rmtree(self.root / "state", ignore_errors=True)
@@ -103,7 +108,7 @@ class AiterWorld:
 
     def upstream_preflight(self) -> float:
         """For every table: parse it, re-read each module it routes to, search every name."""
-        import csv  # noqa: PLC0415
+        import csv
 
         t = time.perf_counter()
         for table, modules in self.routes.items():
@@ -118,16 +123,18 @@ class AiterWorld:
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> AiterWorld:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
 
 def _build_so(out: Path, names: set[str], mb: int) -> None:
     src = out.with_suffix(".c")
-    body = ",\n".join('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in sorted(names))
+    body = ",\n".join(
+        '"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in sorted(names)
+    )
     src.write_text(
         f"__attribute__((used)) const char *const names[] = {{{body}}};\n"
         f"__attribute__((used)) const char pad[{mb * 1024 * 1024}] = {{1}};\n"

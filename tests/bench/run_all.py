@@ -17,12 +17,9 @@ import contextlib
 import json
 import os
 import resource
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import world as world_mod  # noqa: E402
+
 from helpers.notify_socket import NotifySocket  # noqa: E402
 
 
@@ -56,7 +54,9 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def timed_child(argv: list[str], **kwargs: object) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
+def timed_child(
+    argv: list[str], **kwargs: object
+) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
     """(wall, CPU) of one child process."""
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
@@ -84,8 +84,12 @@ def fmt(values: list[float], unit: str) -> str:
 def bench_relabel(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     wall = Row(f"relabel pass, {size} slots: `once` vs one-shot migration (wall)", target="<= 2x")
     cpu = Row(f"relabel pass, {size} slots: CPU per file", unit="s", target="-")
-    calls = Row("unit-state queries (systemctl calls) per relabel pass", unit="n",
-                target="1 per pass", ratio_of="")
+    calls = Row(
+        "unit-state queries (systemctl calls) per relabel pass",
+        unit="n",
+        target="1 per pass",
+        ratio_of="",
+    )
     base_cmd = [sys.executable, str(HERE / "baseline_migrate.py"), str(w.slots)]
     for _ in range(repeats):
         w.refill(size)
@@ -126,8 +130,10 @@ def bench_daemon_pass(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     apart from the slots), vs the migration's no-change pass (read + parse each file), CPU."""
     rows = []
     for n in (size, size * 10):
-        row = Row(f"no-change full pass in the daemon, {n} slots: CPU vs the migration's "
-                  "no-change pass", target="<= 0.1x")
+        row = Row(
+            f"no-change full pass in the daemon, {n} slots: CPU vs the migration's no-change pass",
+            target="<= 0.1x",
+        )
         row.note = "Passes.process(EVERYTHING), host facts given"
         rows.append(row)
         w.refill(n, device="gpu-rocm")
@@ -145,27 +151,30 @@ def bench_daemon_pass(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 
 def _migrate(folder: Path) -> None:
-    import baseline_migrate  # noqa: PLC0415
+    import baseline_migrate
 
     baseline_migrate.migrate(folder)
 
 
 def _passes(w: world_mod.World) -> tuple[object, object]:
-    import structlog  # noqa: PLC0415
+    import structlog
 
-    from hal0_reconciler import settings as settings_mod  # noqa: PLC0415
-    from hal0_reconciler.aiter import monitor  # noqa: PLC0415
-    from hal0_reconciler.daemon import passes, runner, selfheal, workqueue  # noqa: PLC0415
-    from hal0_reconciler.host import units  # noqa: PLC0415
-    from hal0_reconciler.model import HostFacts, LaneState  # noqa: PLC0415
+    from hal0_reconciler import settings as settings_mod
+    from hal0_reconciler.aiter import monitor
+    from hal0_reconciler.daemon import passes, runner, selfheal, workqueue
+    from hal0_reconciler.host import units
+    from hal0_reconciler.model import HostFacts, LaneState
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
     settings = settings_mod.load(None, w.overrides())
     facts = HostFacts(amd=True, lane=LaneState.USABLE)
     clock = workqueue.SystemClock()
     worker = passes.Passes(
-        settings, clock=clock, gather=lambda _s: facts,
-        reconciler_factory=runner.default_reconciler, restarter=units.Restarter(settings),
+        settings,
+        clock=clock,
+        gather=lambda _s: facts,
+        reconciler_factory=runner.default_reconciler,
+        restarter=units.Restarter(settings),
         selfheal_=selfheal.SelfHeal(settings, factory=monitor.AiterMonitor, clock=clock),
         wake=lambda: None,
     )
@@ -195,7 +204,9 @@ def daemon(w: world_mod.World, **settings: str) -> Iterator[tuple[psutil.Process
     env = {**world_mod.env(), "NOTIFY_SOCKET": str(sock.path)}
     child = subprocess.Popen(
         w.argv("run", "--log-format", "json", **settings),
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         sock.wait_for("READY=1", timeout=300)
@@ -253,8 +264,12 @@ def per_save_cpu(w: world_mod.World, size: int, saves: int) -> tuple[float, list
 def bench_events(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     row = Row(f"daemon CPU per single-file save, {size * 10} vs {size} slots", target="<= 1.5x")
     small = Row(f"daemon CPU per single-file save, {size} slots", unit="s", ratio_of="")
-    lat = Row(f"save -> relabel latency, {size} slots (p50 of each run)", unit="s", ratio_of="",
-              target="keep ~205 ms (settle 200 ms)")
+    lat = Row(
+        f"save -> relabel latency, {size} slots (p50 of each run)",
+        unit="s",
+        ratio_of="",
+        target="keep ~205 ms (settle 200 ms)",
+    )
     for _ in range(repeats):
         c_small, latencies = per_save_cpu(w, size, 20)
         c_big, _ = per_save_cpu(w, size * 10, 20)
@@ -267,15 +282,21 @@ def bench_events(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 
 def bench_burst(w: world_mod.World, size: int, repeats: int) -> list[Row]:
-    row = Row(f"burst of 1000 new files onto {size} slots: done after the last write",
-              unit="s", ratio_of="", target="<= 1.5 s")
+    row = Row(
+        f"burst of 1000 new files onto {size} slots: done after the last write",
+        unit="s",
+        ratio_of="",
+        target="<= 1.5 s",
+    )
     for _ in range(repeats):
         w.refill(size, device="gpu-rocm")
         with daemon(w):
             time.sleep(0.5)
             paths = [w.slots / f"burst{n}.toml" for n in range(1000)]
             for n, path in enumerate(paths):
-                hal0_write(path, world_mod.slot_text(size + n).replace(f's{size + n}"', f'burst{n}"'))
+                hal0_write(
+                    path, world_mod.slot_text(size + n).replace(f's{size + n}"', f'burst{n}"')
+                )
             last = time.monotonic()
             for path in paths:
                 wait_relabelled(path, timeout=120)
@@ -284,8 +305,9 @@ def bench_burst(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 
 def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
-    row = Row(f"READY, {size} slots, nothing to do (from exec)", unit="s", ratio_of="",
-              target="<= 250 ms")
+    row = Row(
+        f"READY, {size} slots, nothing to do (from exec)", unit="s", ratio_of="", target="<= 250 ms"
+    )
     w.refill(size, device="gpu-rocm")
     for _ in range(repeats):
         t0 = time.monotonic()
@@ -298,8 +320,11 @@ def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     row = Row("`plan` on an empty folder, CPU, vs `python3 -c 'import tomllib'`", target="<= 2x")
     row.note = "not an AMD host (this machine): no probe"
-    amd = Row("`plan` on an empty folder of an AMD host, CPU (the probe runs as the service "
-              "user in a second interpreter)", ratio_of="")
+    amd = Row(
+        "`plan` on an empty folder of an AMD host, CPU (the probe runs as the service "
+        "user in a second interpreter)",
+        ratio_of="",
+    )
     w.refill(0)
     for _ in range(max(repeats, 5)):
         _, c, done = timed_child(w.argv("plan", amdgpu_module_dir=str(w.root / "no-amdgpu")))
@@ -317,12 +342,16 @@ def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 
 def bench_aiter(_w: world_mod.World, size: int, repeats: int) -> list[Row]:
-    import aiter_world  # noqa: PLC0415
+    import aiter_world
 
     cold = Row("aiter cold check vs one Python read of the modules", target="<= 3x")
     upstream = Row("aiter cold check vs upstream-style preflight", target="-")
-    warm = Row("aiter warm check in a new process (on-disk caches)", unit="s", ratio_of="",
-               target="<= 100 ms")
+    warm = Row(
+        "aiter warm check in a new process (on-disk caches)",
+        unit="s",
+        ratio_of="",
+        target="<= 100 ms",
+    )
     with aiter_world.AiterWorld(mb=max(4, size // 25)) as aw:
         for _ in range(repeats):
             aw.drop_caches()
@@ -363,10 +392,15 @@ def table(rows: list[Row]) -> str:
             base = [x * 1e6 for x in base]
             unit = "n"
         ratio = fmt(r.ratios(), "x") + (f" ({r.ratio_of})" if r.ratio_of and r.base else "")
-        lines.append((r.measure + (f" [{r.note}]" if r.note else ""),
-                      fmt(ours, unit) + (" us" if r.unit == "us" else ""),
-                      (fmt(base, unit) + (" us" if r.unit == "us" else "")) if base else "-",
-                      ratio if r.base else "-", r.target))
+        lines.append(
+            (
+                r.measure + (f" [{r.note}]" if r.note else ""),
+                fmt(ours, unit) + (" us" if r.unit == "us" else ""),
+                (fmt(base, unit) + (" us" if r.unit == "us" else "")) if base else "-",
+                ratio if r.base else "-",
+                r.target,
+            )
+        )
     out = ["| " + " | ".join(cells) + " |" for cells in lines]
     out.insert(1, "|" + "---|" * len(head))
     return "\n".join(out)
@@ -395,8 +429,10 @@ def main() -> int:
     finally:
         w.close()
     load = os.getloadavg()[0]
-    print(f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs (load {load:.1f}), "
-          f"python {sys.version.split()[0]}, {time.monotonic() - started:.0f} s")
+    print(
+        f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs (load {load:.1f}), "
+        f"python {sys.version.split()[0]}, {time.monotonic() - started:.0f} s"
+    )
     print(table(rows))
     if opts.json:
         opts.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))

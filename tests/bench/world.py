@@ -77,7 +77,9 @@ class World:
         self.systemctl.chmod(0o755)
         # the runtime folder is /run in production: a tmpfs (status.json's fsync costs nothing)
         shm = Path("/dev/shm")
-        self.run_dir = Path(tempfile.mkdtemp(prefix="hal0-bench-run-", dir=shm if shm.is_dir() else None))
+        self.run_dir = Path(
+            tempfile.mkdtemp(prefix="hal0-bench-run-", dir=shm if shm.is_dir() else None)
+        )
 
     def overrides(self, **extra: str) -> dict[str, str]:
         values = {
