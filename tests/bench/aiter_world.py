@@ -58,7 +58,7 @@ class AiterWorld:
 
     def _needs(self) -> dict[str, set[str]]:
         sys.path.insert(0, str(world_mod.REPO / "src"))
-        from hal0_reconciler.aiter import monitor, plan
+        from hal0_reconciler.aiter import monitor
         from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 
         settings = Settings(
@@ -68,7 +68,11 @@ class AiterWorld:
         )
         report = monitor.AiterMonitor(settings).check(heal=False)
         shutil.rmtree(self.root / "scratch", ignore_errors=True)
-        needs = plan.needed_names(s for p in report.plans for s in p.sources)
+        needs: dict[str, set[str]] = {}
+        for p in report.plans:
+            for src in p.sources:
+                for row in src.table.rows if src.table is not None else ():
+                    needs.setdefault(row.module, set()).add(row.name)
         self.routes = {  # table path -> the modules its rows route to, with the names
             str(s.file.path): {r.module: set() for r in s.table.rows}
             for p in report.plans
@@ -98,6 +102,17 @@ class AiterWorld:
         for path in self.modules:
             with path.open("rb") as fh:
                 fh.read()
+        return time.perf_counter() - t
+
+    def registry_scan(self) -> float:
+        """The registry's part alone: every module scanned for the names routed to it."""
+        sys.path.insert(0, str(world_mod.REPO / "src"))
+        from hal0_reconciler.aiter import registry
+
+        reg = registry.Registry(None)
+        t = time.perf_counter()
+        for module, names in self.needs.items():
+            reg.scan(self.jit / f"{module}.so", names)
         return time.perf_counter() - t
 
     def check_in_child(self) -> float:
