@@ -1,4 +1,4 @@
-"""The command line: `hal0-reconciler once | plan | probe | run | status | aiter ...`.
+"""The command line: `hal0-reconciler once | plan | probe | run | status | reload | aiter ...`.
 
 Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings or
 usage, the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
@@ -9,6 +9,7 @@ LSB (3 not running, 4 unknown). Each verb's ``--help`` ends with its own table (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import textwrap
@@ -70,6 +71,11 @@ _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
         (1, "running but degraded or unhealthy, or its status is stale"),
         (3, "not running"),
         (4, "status unknown (the status file cannot be read)"),
+    ),
+    "reload": (
+        (0, "the new settings are live (their first full pass is done)"),
+        (1, "refused: the daemon keeps its old settings (the journal says why); or no answer"),
+        (3, "not running, or it exited during the reload"),
     ),
     "aiter plan": (
         (0, "nothing to do"),
@@ -260,6 +266,9 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
     verb("run", "the daemon (systemd Type=notify; SIGHUP re-reads the settings)")
     status = verb("status", "report on the running daemon from its status file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    reload = verb("reload", "reload the daemon's settings and wait until they are live")
+    reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
+    reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
     if with_aiter:
         from hal0_reconciler.aiter import cli as aiter_cli
 
@@ -270,7 +279,7 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status"})
+_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status", "reload"})
 
 
 def _needs_aiter(argv: Sequence[str]) -> bool:
@@ -317,7 +326,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.refuse_colour()
     try:
         overrides = _overrides(args)
-        current = settings.load(args.config, overrides)
+        try:
+            current = settings.load(args.config, overrides)
+        except SettingsError:
+            if args.verb != "reload":
+                raise
+            # `reload` only needs the runtime folder: the daemon judges the new file itself
+            # (and refuses it, keeping its old settings, which `reload` then reports)
+            current = settings.Settings()
+            if args.runtime_dir is not None:
+                current = dataclasses.replace(current, runtime_dir=args.runtime_dir)
     except ReconcilerError as exc:
         console.error(str(exc))
         return EXIT_ERROR
@@ -356,6 +374,15 @@ def _dispatch(
             return code
         text, code = status.report(current)
         print(text)
+        return code
+    if verb == "reload":
+        from hal0_reconciler.daemon import status
+
+        text, code = status.reload(current, pid=args.pid, timeout=args.timeout)
+        if code != status.EXIT_OK:
+            print(text, file=sys.stderr)
+        elif sys.stdout.isatty():  # under systemd (ExecReload) success says nothing
+            print(text)
         return code
     from hal0_reconciler.aiter import cli as aiter_cli
 

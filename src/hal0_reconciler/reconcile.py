@@ -54,6 +54,7 @@ class Outcome:
     verdict: Verdict | None = None
     message: str | None = None
     unit_problem: str | None = None  # why the name or id is not one hal0 could run
+    errno: int | None = None  # a failed write's OSError errno (EROFS, EACCES, ...)
 
 
 def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
@@ -68,6 +69,13 @@ def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
     problem = doc.unit_problem
     token = doc.token if problem is None else None
     return Outcome(key, path, doc.name, token, status, verdict, message, problem)
+
+
+def _write_failed(
+    key: SlotKey, path: Path, doc: document.SlotDoc, verdict: Verdict, exc: Exception
+) -> Outcome:
+    failed = _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+    return dataclasses.replace(failed, errno=getattr(exc, "errno", None))
 
 
 @dataclass(frozen=True)
@@ -212,16 +220,21 @@ class Reconciler:
         """fsync each folder a file was renamed into, once for the whole pass, before anything
         is reported or restarted; a folder that cannot be synced fails its relabels."""
         folders = {o.path.parent for o in outcomes if o.status is OutcomeStatus.RELABELED}
-        failed: dict[Path, str] = {}
+        failed: dict[Path, tuple[str, int | None]] = {}
         for folder in sorted(folders):
             try:
                 fsio.fsync_directory(folder)
             except OSError as exc:
-                failed[folder] = f"{folder}: the folder could not be synced: {exc}"
+                failed[folder] = (f"{folder}: the folder could not be synced: {exc}", exc.errno)
         if not failed:
             return outcomes
         return [
-            dataclasses.replace(o, status=OutcomeStatus.WRITE_FAILED, message=failed[o.path.parent])
+            dataclasses.replace(
+                o,
+                status=OutcomeStatus.WRITE_FAILED,
+                message=failed[o.path.parent][0],
+                errno=failed[o.path.parent][1],
+            )
             if o.status is OutcomeStatus.RELABELED and o.path.parent in failed
             else o
             for o in outcomes
@@ -260,7 +273,7 @@ class Reconciler:
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+            return _write_failed(key, path, doc, verdict, exc)
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
         # Re-read and decide again: another writer may have changed the file meanwhile (the
@@ -282,7 +295,7 @@ class Reconciler:
                 path, result.text.encode("utf-8"), like=slot_file.stat, sync_dir=False
             )
         except (EditRefused, WriteRefused, OSError) as exc:
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+            return _write_failed(key, path, doc, verdict, exc)
         self._seen.forget(key)  # the next look reads what was written
         if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
@@ -447,7 +460,10 @@ class Reconciler:
                 _log.warning("slot.comments_lost", **fields, reason=o.message)
             return
         if o.status is OutcomeStatus.WRITE_FAILED:
-            _log.error("slot.write_failed", **fields, error=o.message)
+            if self._cancelled is not None and self._cancelled():  # an orderly stop, not an error
+                _log.info("slot.write_abandoned", **fields, reason="stopping", error=o.message)
+            else:
+                _log.error("slot.write_failed", **fields, error=o.message)
             return
         problem: tuple[object, ...] | None = None
         if o.status in (OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR):

@@ -184,6 +184,9 @@ def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_pat
     assert elapsed < 5.0
     assert before == slot.read_bytes()
     assert "daemon.worker_abandoned" not in err.read_text()  # it stopped waiting, not abandoned
+    logged = [json.loads(line) for line in err.read_text().splitlines() if line.startswith("{")]
+    assert "slot.write_abandoned" in {e["event"] for e in logged}
+    assert [] == [e for e in logged if e["level"] in {"error", "critical"}]  # an orderly stop
 
 
 def test_sighup_does_not_report_known_problems_again(host: Host, tmp_path: Path) -> None:

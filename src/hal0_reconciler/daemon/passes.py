@@ -10,6 +10,7 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
@@ -30,6 +31,25 @@ Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+# Slot writes failing for these reasons will not get better by waiting (a read-only view of the
+# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it says so
+# (status, STATUS=, a warning) until a pass writes them.
+LASTING_WRITE_ERRORS = frozenset(
+    {
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ENOSPC,
+        errno.EDQUOT,
+    }
+)
+# Problems (keys of Progress.problems) that make the daemon unhealthy, not only degraded: a
+# read-only slot folder is, under the unit, a stale sandbox view (/etc/hal0 deleted and re-created
+# while running) that only a restart fixes, so WATCHDOG=1 stops and systemd restarts it.
+HEALTH_PROBLEMS = frozenset({"writes-read-only"})
 
 
 def lane_metric_state(facts: HostFacts) -> str:
@@ -152,6 +172,7 @@ class Passes:
         self._wake = wake
         # per slot: the last outcome and the status entry made of it (same outcome, same entry)
         self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
+        self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -332,6 +353,7 @@ class Passes:
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
         self._entries = made
+        self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
@@ -381,6 +403,25 @@ class Passes:
             )
         if o.name is not None and o.token is not None:
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
+
+    def _note_write_failures(self, report: reconcile.PassReport) -> None:
+        """The "writes" problem: slots whose last write failed for a lasting reason
+        ("writes-read-only" when the folder is read-only: that one makes it unhealthy)."""
+        for o in report.outcomes:
+            failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
+            if failing and o.errno in LASTING_WRITE_ERRORS:
+                self._failing_writes[o.key] = (f"{o.path}: {o.message}", o.errno)
+            else:
+                self._failing_writes.pop(o.key, None)
+        read_only = any(e == errno.EROFS for _, e in self._failing_writes.values())
+        key, other = ("writes-read-only", "writes") if read_only else ("writes", "writes-read-only")
+        self.clear_problem(other)
+        if not self._failing_writes:
+            self.clear_problem(key)
+            return
+        first = min(m for m, _ in self._failing_writes.values())
+        more = len(self._failing_writes) - 1
+        self.problem(key, f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
 
     # -- reporting --------------------------------------------------------------------------------
     def write_metrics(self, settings: Settings) -> None:

@@ -52,7 +52,12 @@ def compose(
             "updated_at": time.time(),
             "heartbeat": status.HEARTBEAT,
             "ready": ready,
-            "problems": [*problems, *degraded, *p.problems.values()],
+            # a worker problem that also makes it unhealthy (passes.HEALTH_PROBLEMS) once
+            "problems": [
+                *problems,
+                *degraded,
+                *(v for v in p.problems.values() if v not in problems),
+            ],
             "passes": p.passes,
             "relabels_total": p.relabels_total,
             "last_pass": {

@@ -139,6 +139,7 @@ class Runner:
         self._started_at = time.time()
         self._slots_json = statusjson.SlotsJson()
         self._slots_dir_problem: str | None = None
+        self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -249,8 +250,11 @@ class Runner:
                 if self._reload():
                     with lock:
                         ready_after = progress.full_passes + 1
+                    self._reloads.pending = True
                 else:
                     self._notifier.ready()
+                    self._reloads.finished(ok=False)
+                    reported_passes = -1  # publish now: `reload` is waiting for it
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
@@ -284,6 +288,8 @@ class Runner:
             became_ready = ready_after is not None and full_passes >= ready_after
             if became_ready:
                 ready_after = None
+                if self._reloads.pending:  # the new settings' first full pass is done
+                    self._reloads.finished(ok=True)  # published just below, with READY=1
             problems = self._health(worker, now)
             ready = ready_after is None
             changed = self._check_slots_dir() or became_ready or ready != reported_ready
@@ -324,6 +330,9 @@ class Runner:
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
+        with self._passes.lock:  # slot writes failing, an aiter check that cannot run
+            found = self._passes.progress.problems
+            problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
         return problems
 
     def _check_slots_dir(self) -> bool:
@@ -361,6 +370,7 @@ class Runner:
         )
         degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
+        snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:

@@ -7,7 +7,10 @@ whose writer is gone (pid not alive, or another process now) or that stopped cha
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,26 @@ EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_NOT_RUNNING = 3  # LSB: program is not running
 EXIT_UNKNOWN = 4  # LSB: status unknown (file unreadable)
+
+
+@dataclass
+class ReloadState:
+    """The daemon's side of ``reload``: a generation that grows when a reload has finished
+    (the new settings' first full pass done, or the new settings refused)."""
+
+    generation: int = 0
+    pending: bool = False  # new settings taken, their first full pass not done yet
+    ok: bool | None = None
+    at: float | None = None
+
+    def finished(self, *, ok: bool) -> None:
+        self.generation += 1
+        self.pending = False
+        self.ok = ok
+        self.at = time.time()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"generation": self.generation, "ok": self.ok, "at": self.at}
 
 
 def status_path(settings: Settings) -> Path:
@@ -160,3 +183,56 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
         lines.append(f"  hands off (fight): {', '.join(hands_off)}")
     lines.extend(f"  problem: {p}" for p in snapshot.get("problems") or [])
     return "\n".join(lines), code
+
+
+def _snapshot(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _generation(snapshot: dict[str, Any] | None, pid: int) -> int | None:
+    """The reload generation that daemon ``pid`` published (None: nothing from it yet)."""
+    if snapshot is None or snapshot.get("pid") != pid:
+        return None
+    generation = (snapshot.get("reload") or {}).get("generation", 0)
+    return generation if isinstance(generation, int) else 0
+
+
+def reload(
+    settings: Settings, *, pid: int | None, timeout: float, poll: float = 0.05
+) -> tuple[str, int]:
+    """``hal0-reconciler reload`` (the unit's ExecReload): SIGHUP the daemon, then wait until
+    it says the reload finished, so ``systemctl reload`` returns only once the new settings are
+    live (systemd 252 has no Type=notify-reload). Returns the message and the exit code."""
+    path = status_path(settings)
+    if pid is None:
+        found = (_snapshot(path) or {}).get("pid")
+        if not isinstance(found, int):
+            return f"hal0-reconciler: not running (no pid in {path})", EXIT_NOT_RUNNING
+        pid = found
+    # a daemon that has published nothing yet has finished no reload: generation 0
+    before = _generation(_snapshot(path), pid) or 0
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        return f"hal0-reconciler: not running (pid {pid} is gone)", EXIT_NOT_RUNNING
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snapshot = _snapshot(path)
+        now = _generation(snapshot, pid)
+        if now is not None and now > before:
+            assert snapshot is not None  # noqa: S101 - a generation comes from a snapshot
+            if (snapshot.get("reload") or {}).get("ok"):
+                return f"hal0-reconciler: reloaded (pid {pid})", EXIT_OK
+            refused = f"reload refused, the old settings stay (pid {pid}; the journal says why)"
+            return f"hal0-reconciler: {refused}", EXIT_UNHEALTHY
+        if process_start_time(pid) is None:
+            return f"hal0-reconciler: pid {pid} exited during the reload", EXIT_NOT_RUNNING
+        time.sleep(poll)
+    return (
+        f"hal0-reconciler: no confirmation of the reload from pid {pid} within {timeout:g}s",
+        EXIT_UNHEALTHY,
+    )
