@@ -20,17 +20,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-import structlog
-
 from hal0_reconciler import __version__, _log, console, held_signals, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import hal0, units
+from hal0_reconciler.host import hal0
 from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
 from hal0_reconciler.reconcile import Outcome, OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
-_cli_log = structlog.get_logger("hal0_reconciler.cli")
+_cli_log = _log.get_logger("hal0_reconciler.cli")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -217,7 +215,7 @@ def _common_options() -> _Parser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
     common = _common_options()
 
     parser = _Parser(
@@ -274,14 +272,23 @@ def build_parser() -> argparse.ArgumentParser:
     reload = verb("reload", "reload the daemon's settings and wait until they are live")
     reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
     reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
-    try:
+    if with_aiter:
         from hal0_reconciler.aiter import cli as aiter_cli
-    except ImportError:  # pragma: no cover - the aiter verbs are optional during development
-        pass
-    else:
+
         aiter_cli.add_parser(verbs, parents=[common])
+    else:  # the aiter verbs load their whole engine: only when the command line may be one
+        verbs.add_parser("aiter", help="aiter compiled-registry self-heal (plan|heal|...)")
     _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
     return parser
+
+
+_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status", "reload"})
+
+
+def _needs_aiter(argv: Sequence[str]) -> bool:
+    """Whether the command line may be an ``aiter`` one (or asks for the full help)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first not in _LIGHT_VERBS
 
 
 def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
@@ -315,7 +322,8 @@ def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_aiter=_needs_aiter(argv))
     args = parser.parse_args(argv)
     if args.no_color:
         console.refuse_colour()
@@ -444,6 +452,8 @@ def _once(current: settings.Settings, *, restart: bool, as_json: bool = False) -
 def _once_until(
     current: settings.Settings, *, restart: bool, as_json: bool, stopped: Callable[[], bool]
 ) -> int:
+    from hal0_reconciler.host import units
+
     _require_slots_dir(current)
     facts = host_facts.gather(current)
     probe_failed = facts.amd and facts.lane is LaneState.UNKNOWN
@@ -456,13 +466,16 @@ def _once_until(
     if stopped():
         _cli_log.warning("once.stopped", relabeled=len(report.relabeled), reason="signal")
         return EXIT_ERROR
-    for outcome in report.relabeled:  # an active slot keeps its old devices until restarted
+    # an active slot keeps its old devices until restarted; one systemctl call asks for all
+    changed = [o for o in report.relabeled if o.name is not None and o.token is not None]
+    states = units.active_states(current, [o.token for o in changed if o.token is not None])
+    for outcome in changed:
         if outcome.name is None or outcome.token is None:
             continue
         request = units.RestartRequest(name=outcome.name, token=outcome.token)
         if restart:
-            units.apply_change(current, request)
-        elif units.is_active(current, outcome.token):
+            units.apply_change(current, request, active=states[outcome.token])
+        elif states[outcome.token]:
             _cli_log.warning(
                 "unit.needs_reload",
                 slot=outcome.name,

@@ -15,22 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from hal0_reconciler import errors, fsio
+from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.host import hal0
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, image, limits, policy, runtime, store
+from hal0_reconciler.slots import document, edit, image, limits, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
-_log = structlog.get_logger("hal0_reconciler.reconcile")
+_log = get_logger("hal0_reconciler.reconcile")
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -100,8 +100,16 @@ class PassReport:
 _UNREAD = object()  # the profiles file has not been read yet
 
 
+_SAME = frozenset({OutcomeStatus.UNCHANGED, OutcomeStatus.SKIPPED, OutcomeStatus.PENDING})
+"""Outcomes an unchanged file gets again in the same context (kept with the file's parse)."""
+
+
+def _keyed(paths: Iterable[Path]) -> list[tuple[SlotKey, Path | str]]:
+    return [(slot_key(p), p) for p in paths]
+
+
 def slot_key(path: Path) -> SlotKey:
-    return SlotKey(str(path.absolute()))
+    return SlotKey(str(path if path.is_absolute() else path.absolute()))
 
 
 def _dry_write(
@@ -112,7 +120,9 @@ def _dry_write(
     if new is None:
         return OutcomeStatus.PENDING, None
     try:
-        result = edit.set_device(slot_file.data.decode("utf-8"), table=doc.table, new=new)
+        result = edit.set_device(
+            slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
+        )
     except Exception as exc:  # refused, or anything the editor raised: as the write would
         return OutcomeStatus.WRITE_FAILED, errors.describe(exc)
     return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
@@ -135,6 +145,8 @@ class Reconciler:
         self._catalog_reported: str | None = None
         self._temps_checked = False  # leftover temp files are looked for once, at the start
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
+        self._seen = seen.SeenSlots()
+        self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -168,36 +180,91 @@ class Reconciler:
         started = time.monotonic()
         self._refresh_catalog(quiet=not facts.amd)
         self._refresh_hal0(quiet=not facts.amd)
+        assert self.hal0_facts is not None  # noqa: S101 - just read
+        # what every verdict depends on besides the file: when it changes, every slot is judged
+        # again (from its cached parse when the file is unchanged)
+        self._seen.judge_with((facts.amd, facts.lane, self.hal0_facts, id(self._catalog)))
         if apply and not self._temps_checked:
             self._temps_checked = True
             self._remove_leftover_temps(wait=False)
         outcomes = []
-        for path in self.slot_paths() if paths is None else paths:
+        keys = set()
+        folder = self._settings.slots_dir
+        for key, known in self._listing() if paths is None else _keyed(paths):
             if self._cancelled is not None and self._cancelled():
                 break  # stopping: between two files, never half-way through one
-            key = slot_key(path)
+            keys.add(key)
             if key in hands_off:
+                path = known if isinstance(known, Path) else folder / known
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
                 continue
+            demoted = key in self._ledger
+            same = None if demoted else self._seen.same_outcome(key, apply=apply)
+            if same is not None:  # a settled, unchanged file judged in this same context
+                outcomes.append(same)
+                continue
+            path = known if isinstance(known, Path) else folder / known
             try:
                 outcome = self._reconcile_one(path, key, facts, apply=apply)
             except Exception as exc:  # whatever one file raises, the pass goes on
+                self._seen.forget(key)
                 message = f"could not be processed: {errors.describe(exc)}"
                 outcome = Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
-            if facts.amd and apply:
-                self._report(outcome, facts)
+            self._seen.note_outcome(key, outcome, apply=apply, keep=outcome.status in _SAME)
             outcomes.append(outcome)
+        if paths is None and not (self._cancelled is not None and self._cancelled()):
+            self._seen.keep_only(keys)
+        outcomes = self._sync_folders(outcomes)
+        if facts.amd and apply:
+            for outcome in outcomes:
+                if self._reported_outcome.get(outcome.key) is not outcome:  # said already
+                    self._report(outcome, facts)
+                    self._reported_outcome[outcome.key] = outcome
         return PassReport(tuple(outcomes), time.monotonic() - started)
+
+    def _listing(self) -> list[tuple[SlotKey, Path | str]]:
+        """Every slot file's key (its path made absolute) and name: no Path object each."""
+        folder = self._settings.slots_dir
+        base = str(folder if folder.is_absolute() else folder.absolute())
+        prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
+        return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
+
+    def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """fsync each folder a file was renamed into, once for the whole pass, before anything
+        is reported or restarted; a folder that cannot be synced fails its relabels."""
+        folders = {o.path.parent for o in outcomes if o.status is OutcomeStatus.RELABELED}
+        failed: dict[Path, tuple[str, int | None]] = {}
+        for folder in sorted(folders):
+            try:
+                fsio.fsync_directory(folder)
+            except OSError as exc:
+                failed[folder] = (f"{folder}: the folder could not be synced: {exc}", exc.errno)
+        if not failed:
+            return outcomes
+        return [
+            dataclasses.replace(
+                o,
+                status=OutcomeStatus.WRITE_FAILED,
+                message=failed[o.path.parent][0],
+                errno=failed[o.path.parent][1],
+            )
+            if o.status is OutcomeStatus.RELABELED and o.path.parent in failed
+            else o
+            for o in outcomes
+        ]
 
     def forget(self, key: SlotKey) -> None:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
         self._unit_reported.pop(key, None)
+        self._reported_outcome.pop(key, None)
+        self._seen.forget(key)
 
     # -- one file ---------------------------------------------------------------------------
 
     def _reconcile_one(self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool) -> Outcome:
-        read = self._read_and_decide(path, key, facts)
+        # a dry run previews the edit: it needs the bytes (still not parsed when unchanged)
+        read = self._read_and_decide(path, key, facts, fresh=not apply)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
@@ -207,6 +274,7 @@ class Reconciler:
             self._settle_ledger(key, verdict)
             return _outcome(key, path, doc, OutcomeStatus.UNCHANGED, verdict)
         if not apply:
+            assert slot_file is not None  # noqa: S101 - a dry run reads the bytes (fresh)
             status, note = _dry_write(slot_file, doc, verdict.new)
             return _outcome(key, path, doc, status, verdict, note)
         try:
@@ -224,22 +292,27 @@ class Reconciler:
             return _write_failed(key, path, doc, verdict, exc)
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
-        # Re-read and decide again: another writer may have changed the file meanwhile.
-        read = self._read_and_decide(path, key, facts)
+        # Re-read and decide again: another writer may have changed the file meanwhile (the
+        # same bytes as a moment ago are not parsed again).
+        read = self._read_and_decide(path, key, facts, fresh=True)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
-        if verdict.action is not Action.RELABEL or verdict.new is None:
+        if verdict.action is not Action.RELABEL or verdict.new is None or slot_file is None:
             status = (
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return _outcome(key, path, doc, status, verdict)
         try:
             text = slot_file.data.decode("utf-8")
-            result = edit.set_device(text, table=doc.table, new=verdict.new)
-            store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
+            result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+            # the folder is fsynced once for the whole pass (_sync_folders)
+            store.replace_slot(
+                path, result.text.encode("utf-8"), like=slot_file.stat, sync_dir=False
+            )
         except Exception as exc:  # refused, failed, or anything the editor raised
             return _write_failed(key, path, doc, verdict, exc)
+        self._seen.forget(key)  # the next look reads what was written
         if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
@@ -248,8 +321,26 @@ class Reconciler:
         return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
 
     def _read_and_decide(
-        self, path: Path, key: SlotKey, facts: HostFacts
-    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile] | Outcome:
+        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
+    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile | None] | Outcome:
+        """The slot's document and verdict. ``fresh``: read the bytes now (under the lock);
+        else a file whose identity has not changed since a settled read is not read again
+        (the SlotFile is then None)."""
+        demoted = key in self._ledger
+
+        def decide(doc: document.SlotDoc) -> Verdict:
+            return self._decide(doc, facts, demoted=demoted)
+
+        if not fresh:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                pass  # read_slot says what is wrong
+            else:
+                hit = self._seen.by_identity(key, st, demoted=demoted, decide=decide)
+                if hit is not None:
+                    return hit.doc, hit.verdict, None
+        read_at = time.time_ns()
         try:
             slot_file = store.read_slot(path, max_bytes=self._limits.max_bytes)
         except FileNotFoundError:
@@ -257,24 +348,37 @@ class Reconciler:
             self._ledger.drop(key)  # a new file at this path is not the slot we demoted
             return Outcome(key, path, None, None, OutcomeStatus.GONE)
         except WriteRefused as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))
         except (OSError, OverLimit) as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        data, st = slot_file.data, slot_file.stat
+        hit = self._seen.by_content(
+            key, data, st, read_at_ns=read_at, demoted=demoted, decide=decide
+        )
+        if hit is not None:
+            return hit.doc, hit.verdict, slot_file
         try:
-            text = slot_file.data.decode("utf-8")
+            text = data.decode("utf-8")
             doc = document.parse_slot(text, stem=path.stem, limits=self._limits)
-            assert self.hal0_facts is not None  # noqa: S101 - read at the start of every pass
-            verdict = policy.decide(
-                doc,
-                runtime=runtime.runtime_of(doc, self._catalog),
-                image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
-                facts=facts,
-                demoted_by_us=key in self._ledger,
-            )
+            verdict = decide(doc)
         except Exception as exc:  # not UTF-8, not TOML, over a limit, or anything else
+            self._seen.forget(key)
             message = errors.describe(exc)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
+        self._seen.remember(key, data, st, doc, verdict, read_at_ns=read_at, demoted=demoted)
         return doc, verdict, slot_file
+
+    def _decide(self, doc: document.SlotDoc, facts: HostFacts, *, demoted: bool) -> Verdict:
+        assert self.hal0_facts is not None  # noqa: S101 - read at the start of every pass
+        return policy.decide(
+            doc,
+            runtime=runtime.runtime_of(doc, self._catalog),
+            image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
+            facts=facts,
+            demoted_by_us=demoted,
+        )
 
     def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:
         """Forget a demotion of ours once the operator moved the slot off ``cpu``."""

@@ -129,7 +129,8 @@ def invocation(box: nspawn.Container) -> str:
 
 def test_the_package_installs_enables_starts_and_creates_the_user(box: nspawn.Container) -> None:
     """apt install: the command in /usr/bin, the unit enabled and started, the hal0 user made
-    (sysusers applied in postinst), the man pages and the example settings in place."""
+    (sysusers applied in postinst), the man pages, the example settings, the alerting rules and
+    the shell completions in place."""
     assert "enabled" == box.run(f"systemctl is-enabled {UNIT}").stdout.strip()
     assert "active" == box.run(f"systemctl is-active {UNIT}").stdout.strip()
     assert box.run("getent passwd hal0").stdout.startswith("hal0:")
@@ -140,6 +141,9 @@ def test_the_package_installs_enables_starts_and_creates_the_user(box: nspawn.Co
         "/usr/share/doc/hal0-reconciler/examples/reconciler.toml.example",
         "/usr/share/doc/hal0-reconciler/copyright",
         "/usr/lib/sysusers.d/hal0-reconciler.conf",
+        "/usr/share/doc/hal0-reconciler/examples/hal0-reconciler.rules.yml",
+        "/usr/share/bash-completion/completions/hal0-reconciler",
+        "/usr/share/zsh/vendor-completions/_hal0-reconciler",
     ):
         box.run(f"test -s {path}")
     version = box.run("hal0-reconciler --version").stdout.split()[-1]

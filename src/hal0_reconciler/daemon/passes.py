@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from hal0_reconciler import errors, lifecycle, reconcile
+from hal0_reconciler import _log, errors, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import hal0, units
@@ -29,7 +27,7 @@ from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
@@ -95,6 +93,11 @@ class Progress:
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
     hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
+    revision: int = 0  # bumped when anything status.json or the metrics show changed
+    # for status.json's cached fragments: the slots changed since it was last composed, or
+    # every slot (a full pass replaced the mapping)
+    slots_changed: set[SlotKey] = field(default_factory=set)
+    slots_renewed: bool = True
 
 
 def failures(owner: Passes) -> list[str]:
@@ -180,6 +183,8 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
+        # per slot: the last outcome and the status entry made of it (same outcome, same entry)
+        self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
         self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
 
     def update_settings(self, settings: Settings) -> None:
@@ -206,6 +211,9 @@ class Passes:
             settings = self._settings
             reconciler = self._reconciler
             self.progress.busy_since = self._clock.monotonic()
+        with self.lock:
+            revision = self.progress.revision
+        restarts = sum(self._restarter.results.values())
         try:
             try:
                 if reconciler is None:
@@ -215,7 +223,7 @@ class Passes:
                 self._process_with(batch, settings, reconciler)
             finally:
                 if batch.aiter and self._aiter.enabled:
-                    self._check_aiter(settings)
+                    self._check_aiter()
         except Exception as exc:
             with self.lock:
                 self.progress.failure = errors.describe(exc)
@@ -227,18 +235,22 @@ class Passes:
             with self.lock:
                 self.progress.full_attempts += int(batch.everything)
                 self.progress.busy_since = None
+                changed = self.progress.revision != revision or batch.aiter
+            changed = changed or sum(self._restarter.results.values()) != restarts
+            # once per batch, and not for a batch that changed nothing (the echo of our write)
+            if changed and settings.metrics_textfile is not None:
+                self.write_metrics(settings)
+            with self.lock:
                 self.progress.batches += 1  # last: the main loop republishes on seeing it
             self._wake()
 
-    def _check_aiter(self, settings: Settings) -> None:
+    def _check_aiter(self) -> None:
         self._aiter.check()
         problem = self._aiter.problem()
         if problem is None:
             self.clear_problem("aiter")
         else:
             self.problem("aiter", problem)
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
 
     def _process_with(
         self, batch: workqueue.Batch, settings: Settings, reconciler: reconcile.Reconciler
@@ -263,6 +275,8 @@ class Passes:
                 )
             self._note_probe(raw)
             with self.lock:
+                if facts != self.progress.facts:
+                    self.progress.revision += 1
                 self.progress.facts = facts
                 self.progress.recheck_at = view.recheck_at
         full = batch.everything or lane_changed
@@ -275,8 +289,11 @@ class Passes:
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
         with self.lock:
-            self.progress.metrics.demoted_slots = reconciler.own_demotions
-        self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+            demoted = reconciler.own_demotions
+            if demoted != self.progress.metrics.demoted_slots:
+                self.progress.revision += 1
+            self.progress.metrics.demoted_slots = demoted
+        self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
         if len(report.outcomes) >= memory.BIG_BATCH:
             del report, before
@@ -288,6 +305,8 @@ class Passes:
         if reconciler.hal0_facts is not None:
             described = hal0.describe(reconciler.hal0_facts)
             with self.lock:
+                if described != self.progress.hal0:
+                    self.progress.revision += 1
                 self.progress.hal0 = described
         loud = [p.line() for p in reconciler.hal0_problems if p.not_understood]
         if loud:
@@ -303,6 +322,8 @@ class Passes:
             problem = f"the ROCm-lane probe cannot run: {raw.lane_reason}"
         with self.lock:
             before = self.progress.problems.get("probe")
+            if problem != before:
+                self.progress.revision += 1
             if problem is None:
                 self.progress.problems.pop("probe", None)
             else:
@@ -333,41 +354,34 @@ class Passes:
         self,
         report: reconcile.PassReport,
         *,
-        settings: Settings,
         facts: HostFacts,
         full: bool,
         before: dict[SlotKey, str | None],
     ) -> None:
         statuses = reconcile.OutcomeStatus
         seen: dict[SlotKey, dict[str, Any]] = {}
+        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
         for o in report.outcomes:
             if o.status is statuses.GONE:
                 self.fights.forget(o.key)
+                made.pop(o.key, None)
                 continue
-            entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
-            if o.name is not None:
-                entry["name"] = o.name
-            if o.verdict is not None:
-                entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
-                entry["reason"] = o.verdict.reason.value
-            if o.message:
-                entry["message"] = o.message
+            cached = self._entries.get(o.key)
+            if cached is not None and cached[0] is o:
+                seen[o.key] = cached[1]
+                made[o.key] = cached
+                continue
+            entry = _entry(o)
             seen[o.key] = entry
+            made[o.key] = (o, entry)
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+        self._entries = made
         self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
-            slots = {} if full else dict(p.slots)
-            for o in report.outcomes:
-                if o.status is statuses.GONE:
-                    slots.pop(o.key, None)
-            hands_off = self.fights.hands_off
-            for key, entry in seen.items():
-                kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
-                slots[key] = {**slots[key], "status": entry["status"]} if kept else entry
-            p.slots = slots
+            changed = _merge_slots(p, seen, report.outcomes, full=full)
             p.passes += 1
             p.full_passes += int(full)
             p.relabels_total += len(report.relabeled)
@@ -383,17 +397,16 @@ class Passes:
                 reason = o.verdict.reason if o.verdict is not None else None
                 m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
                 m.restores += reason is Reason.RESTORE_OWN_DEMOTION
-            m.unreadable_files = sum(
-                1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value
-            )
-            m.slots = len(slots)
-            m.hands_off = len(hands_off)
+            hands_off = len(self.fights.hands_off)
+            changed = changed or bool(report.relabeled) or m.hands_off != hands_off
+            m.slots = len(p.slots)
+            m.hands_off = hands_off
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
             m.rocm_lane = lane_metric_state(facts)
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
+            if changed:
+                p.revision += 1
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
@@ -473,8 +486,85 @@ class Passes:
         with self.lock:
             if self.progress.problems.get(key) != text:
                 log.warning("daemon.problem", problem=key, detail=text)
+                self.progress.revision += 1
             self.progress.problems[key] = text
 
     def clear_problem(self, key: str) -> None:
         with self.lock:
-            self.progress.problems.pop(key, None)
+            if self.progress.problems.pop(key, None) is not None:
+                self.progress.revision += 1
+
+
+def _merge_slots(
+    p: Progress,
+    seen: dict[SlotKey, dict[str, Any]],
+    outcomes: tuple[reconcile.Outcome, ...],
+    *,
+    full: bool,
+) -> bool:
+    """Fold a pass's entries into ``p.slots`` (and the unreadable count); True when anything
+    shown changed. A partial pass updates the slots it covered in place (its cost is what it
+    covered); an entry equal to the one shown keeps its identity, so status.json re-renders
+    only the entries that changed."""
+    statuses = reconcile.OutcomeStatus
+    unreadable = statuses.UNREADABLE.value
+    old = p.slots
+    slots: dict[SlotKey, dict[str, Any]] = {} if full else old
+    changed = full and old.keys() != seen.keys()
+    touched = p.slots_changed
+    p.slots_renewed = p.slots_renewed or full
+    for o in outcomes:
+        if o.status is statuses.GONE and o.key in slots:
+            changed = True
+            touched.add(o.key)
+            if slots.pop(o.key)["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+    for key, entry in seen.items():
+        shown = old.get(key)
+        if shown is entry:  # the same outcome as shown: nothing to compare
+            slots[key] = entry
+            continue
+        prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
+        if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
+            entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
+        if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
+            slots[key] = shown
+            continue
+        changed = True
+        touched.add(key)
+        if not full:
+            if shown is not None and shown["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+            if entry["status"] == unreadable:
+                p.metrics.unreadable_files += 1
+        slots[key] = entry
+    p.slots = slots
+    if full:
+        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
+    return changed
+
+
+def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """The pass after a relabel finds the file as the daemon wrote it: the relabel stays the
+    news (status.json is not rewritten for the echo of the daemon's own write)."""
+    relabeled = reconcile.OutcomeStatus.RELABELED.value
+    unchanged = reconcile.OutcomeStatus.UNCHANGED.value
+    return (
+        (shown["status"], entry["status"]) == (relabeled, unchanged)
+        and shown.get("device") == entry.get("device")
+        and shown.get("name") == entry.get("name")
+        and shown.get("path") == entry.get("path")
+    )
+
+
+def _entry(o: reconcile.Outcome) -> dict[str, Any]:
+    """A slot's entry in status.json."""
+    entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
+    if o.name is not None:
+        entry["name"] = o.name
+    if o.verdict is not None:
+        entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
+        entry["reason"] = o.verdict.reason.value
+    if o.message:
+        entry["message"] = o.message
+    return entry

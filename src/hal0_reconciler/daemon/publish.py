@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import __version__
-from hal0_reconciler.daemon import passes, selfheal, status, watch
+from hal0_reconciler.daemon import passes, selfheal, status, statusjson, watch
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Sources:
     pending_restarts: dict[str, float]
     selfheal: selfheal.SelfHeal
     started_at: float
+    slots_json: statusjson.SlotsJson | None = None  # cached per-slot fragments (the daemon's)
 
 
 def compose(
@@ -67,10 +68,16 @@ def compose(
             if p.passes
             else None,
             # keyed by file name: unique in the folder, unlike display names
-            "slots": {Path(k).name: e for k, e in p.slots.items()},
+            "slots": {Path(k).name: e for k, e in p.slots.items()}
+            if src.slots_json is None
+            else src.slots_json.render(
+                p.slots, changed=None if p.slots_renewed else p.slots_changed
+            ),
             "hands_off": hands_off,
             "hal0": p.hal0,
         }
+        p.slots_changed = set()  # the fragments are up to date
+        p.slots_renewed = False
         last_pass_at = p.last_pass_at
         relabels = p.relabels_total
         count = len(p.slots)

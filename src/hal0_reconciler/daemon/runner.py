@@ -21,12 +21,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import structlog
-
 from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
-from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
+from hal0_reconciler.daemon import (
+    notify,
+    passes,
+    publish,
+    selfheal,
+    status,
+    statusjson,
+    watch,
+    workqueue,
+)
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import hal0, units
@@ -34,7 +41,7 @@ from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = passes.Gather
 ReconcilerFactory = passes.ReconcilerFactory
@@ -130,6 +137,7 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._slots_json = statusjson.SlotsJson()
         self._slots_dir_problem: str | None = None
         self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
@@ -198,8 +206,8 @@ class Runner:
         try:
             with self._restarter, passes.Worker(self._queue, self._passes.process) as worker:
                 self._watcher.start()
-                self._queue.add(workqueue.Special.EVERYTHING)
-                self._loop(worker)
+                self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
+                self._loop(worker)  # waiting for a settle window: nothing is in flux yet
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
@@ -214,6 +222,7 @@ class Runner:
         next_status = 0.0
         reported_passes = -1  # passes, aiter checks and finished batches, as last published
         reported_problems: list[str] = []
+        reported_ready = False
         progress = self._passes.progress
         lock = self._passes.lock
         while True:
@@ -272,15 +281,17 @@ class Runner:
                 self._queue.add(workqueue.Special.AITER)
             with lock:
                 full_passes = progress.full_attempts  # READY even when a file is poisoned
-                # a batch's end counts too: its problems and metrics come after its pass/check
-                passes_done = progress.passes + self._aiter.generation() + progress.batches
+                # what status.json shows changed (not a batch that changed nothing, such as
+                # the echo of the daemon's own write), or the aiter check ran
+                passes_done = progress.revision + self._aiter.generation()
             became_ready = ready_after is not None and full_passes >= ready_after
             if became_ready:
                 ready_after = None
                 if self._reloads.pending:  # the new settings' first full pass is done
                     self._reloads.finished(ok=True)  # published just below, with READY=1
             problems = self._health(worker, now)
-            changed = self._check_slots_dir() or became_ready
+            ready = ready_after is None
+            changed = self._check_slots_dir() or became_ready or ready != reported_ready
             changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
@@ -289,8 +300,9 @@ class Runner:
                     log.info("daemon.healthy_again")
                 reported_passes = passes_done
                 reported_problems = problems
+                reported_ready = ready
                 next_status = now + status.HEARTBEAT
-                self._publish(problems, ready=ready_after is None)
+                self._publish(problems, ready=ready)
             if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
@@ -354,6 +366,7 @@ class Runner:
             pending_restarts=self._restarter.pending(),
             selfheal=self._aiter,
             started_at=self._started_at,
+            slots_json=self._slots_json,
         )
         degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
-
+from hal0_reconciler import _log
 from hal0_reconciler.aiter import monitor, plan
 from hal0_reconciler.daemon import workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import Settings
 
-log = structlog.get_logger("hal0_reconciler.daemon.selfheal")
+log = _log.get_logger("hal0_reconciler.daemon.selfheal")
 
 RETRY_FIRST = 5.0
 RETRY_MAX = 60.0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import fsio
+from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
@@ -69,8 +70,12 @@ def process_start_time(pid: int) -> float | None:
 
 
 def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
-    """Replace status.json atomically (mode 0644: operators read it without root)."""
-    fsio.write_json(status_path(settings), snapshot, indent=1, sort_keys=True, default=str)
+    """Replace status.json atomically (mode 0644: operators read it without root).
+
+    ``statusjson.Raw`` values (the cached per-slot fragments) go in as they are."""
+    path = status_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsio.write_atomically(path, statusjson.dumps(snapshot), mode=0o644)
 
 
 def _alive(snapshot: dict[str, Any]) -> bool:
