@@ -8,6 +8,7 @@ import os
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog.testing
@@ -36,9 +37,9 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = document.parse_slot
 
-    def counting(text: str, *, stem: str) -> document.SlotDoc:
+    def counting(text: str, *, stem: str, **options: Any) -> document.SlotDoc:
         calls.append(stem)
-        return real(text, stem=stem)
+        return real(text, stem=stem, **options)
 
     monkeypatch.setattr(document, "parse_slot", counting)
     return calls
