@@ -1,0 +1,241 @@
+"""The worker's bookkeeping across passes: status entries, counters, problems, fight memory and
+a reload's new settings. Driven batch by batch on the real engine, with a fake clock and fake
+host facts (no threads: each ``process`` call is one pass, as the worker thread runs it)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.daemon import passes, runner, selfheal
+from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
+from hal0_reconciler.host import units
+from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.settings import Settings
+from helpers.daemon_host import device_of, slot_text
+
+USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
+UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class FakeRestarter:
+    def __init__(self) -> None:
+        self.requests: list[units.RestartRequest] = []
+        self.results: Counter[units.RestartResult] = Counter()
+
+    def submit(self, request: units.RestartRequest) -> None:
+        self.requests.append(request)
+
+
+class Bench:
+    """One Passes object on temp host paths; ``facts`` is what the next probe finds."""
+
+    def __init__(self, tmp_path: Path, **overrides: object) -> None:
+        self.root = tmp_path
+        self.slots = tmp_path / "slots"
+        self.slots.mkdir()
+        self.facts = USABLE
+        self.clock = FakeClock()
+        self.built: list[Settings] = []
+        self.settings = self.make_settings(**overrides)
+        self.passes = passes.Passes(
+            self.settings,
+            clock=self.clock,
+            gather=lambda _s: self.facts,
+            reconciler_factory=self._factory,
+            restarter=FakeRestarter(),  # type: ignore[arg-type]
+            selfheal_=selfheal.SelfHeal(self.settings, factory=_no_aiter, clock=self.clock),
+            wake=lambda: None,
+        )
+
+    def make_settings(self, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "slots_dir": str(self.slots),
+            "state_dir": str(self.root / "state"),
+            "runtime_dir": str(self.root / "run"),
+            "profiles_file": str(self.root / "profiles.toml"),
+            "lock_timeout": 2.0,
+            "demote_grace": 0,
+        }
+        values.update(overrides)
+        return settings_mod.load(None, values)
+
+    def _factory(self, settings: Settings):  # type: ignore[no-untyped-def]
+        self.built.append(settings)
+        return runner.default_reconciler(settings)
+
+    def slot(self, name: str, device: str = "gpu-vulkan", *, port: int = 8081) -> Path:
+        path = self.slots / f"{name}.toml"
+        path.write_text(slot_text(name, device, port=port))
+        return path
+
+    def full(self) -> None:
+        self.passes.process(Batch(frozenset({Special.EVERYTHING}), 1))
+
+    def changed(self, *paths: Path) -> None:
+        keys: frozenset[WorkKey] = frozenset(SlotKey(str(p.absolute())) for p in paths)
+        self.passes.process(Batch(keys, 1))
+
+    def probe(self) -> None:
+        self.passes.process(Batch(frozenset({Special.HOST_FACTS}), 1))
+
+    def status(self, path: Path) -> dict[str, object] | None:
+        with self.passes.lock:
+            return self.passes.progress.slots.get(SlotKey(str(path.absolute())))
+
+
+def _no_aiter(_settings: Settings) -> selfheal.AiterCheck:
+    raise AssertionError("no aiter tree is configured: the aiter check must not be built")
+
+
+def _fight_until_hands_off(bench: Bench, slot: Path, name: str) -> None:
+    """Another writer reverts the slot after each relabel until the daemon stops fighting."""
+    bench.changed(slot)
+    for _ in range(bench.settings.fight_limit + 1):
+        bench.slot(name)  # reverted to gpu-vulkan
+        bench.changed(slot)
+    assert SlotKey(str(slot.absolute())) in bench.passes.fights.hands_off, (
+        "setup: the slot should be hands off after more than fight_limit reverts"
+    )
+
+
+def test_hands_off_slots_stay_in_the_status_on_a_full_pass(tmp_path: Path) -> None:
+    """A slot the daemon stopped fighting over is still listed (as hands-off) after a full pass,
+    and a partial pass keeps what was known about it (its name and device)."""
+    bench = Bench(tmp_path, fight_limit=1)
+    slot = bench.slot("agent")
+    _fight_until_hands_off(bench, slot, "agent")
+    bench.changed(slot)
+    partial = bench.status(slot)
+    assert partial is not None, "a hands-off slot dropped out of the status on a partial pass"
+    assert ("hands-off", "agent") == (partial["status"], partial.get("name")), (
+        "a partial pass forgot what was known about a hands-off slot"
+    )
+    bench.full()
+    entry = bench.status(slot)
+    assert entry is not None, "a hands-off slot dropped out of the status on a full pass"
+    assert "hands-off" == entry["status"], f"hands-off slot shown as {entry['status']}"
+    assert 1 == bench.passes.progress.metrics.hands_off, "metrics miscount hands-off slots"
+
+
+def test_the_pass_counter_counts_each_pass_once(tmp_path: Path) -> None:
+    """passes/full_passes count exactly the passes run; a probe that changed nothing is none."""
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    bench.full()
+    bench.changed(slot)
+    bench.changed(slot)
+    bench.probe()  # same facts: no pass
+    stats = bench.passes.stats()
+    assert (3, 1) == (stats.passes, stats.full_passes), f"pass counters off: {stats}"
+    assert 3 == bench.passes.progress.metrics.passes, "the metrics' pass counter is off"
+    assert 4 == bench.passes.progress.batches, "every batch, pass or not, is counted as finished"
+    assert 1 == stats.relabels, "relabels counted wrongly"
+
+
+def test_a_vanished_slot_leaves_the_status_and_the_fight_memory(tmp_path: Path) -> None:
+    """A slot file that went away is not reported (not even as hands-off) and nothing about its
+    fight is remembered: a new file at that path starts with a clean slate."""
+    bench = Bench(tmp_path, fight_limit=1)
+    slot = bench.slot("agent")
+    _fight_until_hands_off(bench, slot, "agent")
+    slot.unlink()
+    bench.changed(slot)
+    assert bench.status(slot) is None, "a vanished slot is still listed in the status"
+    assert frozenset() == bench.passes.fights.hands_off, "a vanished slot is still hands-off"
+    assert frozenset() == bench.passes.fights.tracked_keys(), "its fight memory was kept"
+    # a slot relabelled once, then deleted: its relabel does not count against a new file
+    other = bench.slot("coder")
+    bench.changed(other)
+    assert SlotKey(str(other.absolute())) in bench.passes.fights.tracked_keys()
+    other.unlink()
+    bench.changed(other)
+    assert frozenset() == bench.passes.fights.tracked_keys(), (
+        "a vanished slot's recent relabels were kept"
+    )
+
+
+def test_a_problem_that_is_fixed_leaves_the_status(tmp_path: Path) -> None:
+    """The metrics file cannot be written (a file where its folder should be): a problem; once
+    the folder can be made, the next pass clears it without a restart."""
+    blocker = tmp_path / "textfiles"
+    blocker.write_text("not a folder\n")
+    bench = Bench(tmp_path, metrics_textfile=str(blocker / "hal0.prom"))
+    bench.slot("agent")
+    bench.full()
+    assert "metrics" in bench.passes.progress.problems, "a failing metrics write is no problem"
+    blocker.unlink()
+    bench.full()
+    assert (blocker / "hal0.prom").is_file(), "the metrics file was not written once it could be"
+    assert {} == bench.passes.progress.problems, "a fixed problem stays in the status"
+
+
+def test_a_reload_to_another_state_dir_uses_that_dirs_demotions(tmp_path: Path) -> None:
+    """SIGHUP with a new state_dir: the engine is rebuilt with that folder's demotion ledger (a
+    slot demoted by us per the new ledger is restored); the same state_dir keeps the engine."""
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent", "cpu")
+    bench.full()
+    assert "cpu" == device_of(slot), "setup: a cpu slot not demoted by us is kept"
+    same = bench.make_settings(fight_limit=5)
+    bench.passes.update_settings(same)
+    bench.full()
+    assert 1 == len(bench.built), "a reload with the same state_dir rebuilt the engine"
+    other_state = tmp_path / "state2"
+    other_state.mkdir()
+    key = str(slot.absolute())
+    ledger = {key: {"slot": "agent", "old": "gpu-vulkan", "at": 1.0}}
+    (other_state / "demotions.json").write_text(json.dumps(ledger))
+    bench.passes.update_settings(bench.make_settings(state_dir=str(other_state)))
+    bench.full()
+    assert 2 == len(bench.built), "a reload to another state_dir kept the old engine"
+    assert other_state == bench.built[-1].state_dir
+    assert "gpu-rocm" == device_of(slot), "the new state_dir's demotion record was ignored"
+
+
+def test_a_reload_applies_a_new_demote_grace(tmp_path: Path) -> None:
+    """SIGHUP shortening demote_grace takes effect at the next probe (no restart needed)."""
+    bench = Bench(tmp_path, demote_grace=3600)
+    slot = bench.slot("agent")
+    bench.facts = UNUSABLE
+    bench.full()
+    assert "gpu-vulkan" == device_of(slot), "demoted inside a one-hour grace"
+    bench.passes.update_settings(bench.make_settings(demote_grace=10))
+    bench.clock.now += 11
+    bench.probe()
+    assert "cpu" == device_of(slot), "a reloaded, shorter demote_grace was ignored"
+
+
+def test_a_reload_applies_a_new_fight_limit(tmp_path: Path) -> None:
+    """SIGHUP lowering fight_limit: the next revert over the new limit ends the fight."""
+    bench = Bench(tmp_path, fight_limit=50)
+    slot = bench.slot("agent")
+    bench.changed(slot)
+    bench.passes.update_settings(bench.make_settings(fight_limit=0))
+    bench.slot("agent")
+    bench.changed(slot)
+    assert SlotKey(str(slot.absolute())) in bench.passes.fights.hands_off, (
+        "a reloaded fight_limit was ignored"
+    )
+
+
+@pytest.mark.parametrize("facts", [USABLE, UNUSABLE], ids=["usable", "unusable"])
+def test_the_lane_metric_says_whether_rocm_is_usable(tmp_path: Path, facts: HostFacts) -> None:
+    """rocm_lane_usable is true only on an AMD host whose lane is usable."""
+    bench = Bench(tmp_path)
+    bench.facts = facts
+    bench.full()
+    expected = facts.lane is LaneState.USABLE
+    assert expected == bench.passes.progress.metrics.rocm_lane_usable

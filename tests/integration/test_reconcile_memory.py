@@ -1,0 +1,62 @@
+"""What the engine remembers between passes (its demotions) and reports once (the profiles
+file): the rules an operator feels only later, after several passes."""
+
+from __future__ import annotations
+
+import structlog.testing
+
+from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
+from hal0_reconciler.state import DemotionLedger
+from helpers.daemon_host import slot_text
+from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
+
+
+def test_a_demotion_outlives_ordinary_passes_while_the_lane_stays_down(
+    host_dirs, make_settings
+) -> None:
+    """Demoted to cpu, then any number of passes with the lane still down: the demotion record
+    stays, so the slot goes back to gpu-rocm when the lane returns (it does not stay on cpu)."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    slot.write_text(slot_text("agent", "gpu-vulkan"))
+    ledger = DemotionLedger.in_state_dir(host_dirs["state_dir"])
+    reconciler = Reconciler(make_settings(), ledger=ledger)
+    reconciler.reconcile(ROCM_UNUSABLE)
+    assert 'device = "cpu"' in slot.read_text(), "setup: the slot is demoted"
+    for _ in range(3):
+        report = reconciler.reconcile(ROCM_UNUSABLE)
+        assert [OutcomeStatus.UNCHANGED] == [o.status for o in report.outcomes]
+    assert len(ledger.keys()) == 1, (
+        "an ordinary pass with the lane down dropped the demotion record"
+    )
+    reconciler.reconcile(ROCM_USABLE)
+    assert 'device = "gpu-rocm"' in slot.read_text(), "our own demotion was not restored"
+    assert frozenset() == ledger.keys(), "a restored demotion is still on record"
+
+
+def test_an_unreadable_profiles_file_is_logged_once_on_an_amd_host(
+    host_dirs, make_settings
+) -> None:
+    """profiles.toml that is not TOML: one error event naming it on an AMD host (not on every
+    pass), none on a host without amdgpu, and again once a different error appears."""
+    profiles = host_dirs["profiles_file"]
+    profiles.parent.mkdir(parents=True, exist_ok=True)
+    profiles.write_text("[profiles\n")
+    (host_dirs["slots_dir"] / "agent.toml").write_text(slot_text("agent", "gpu-rocm"))
+    with structlog.testing.capture_logs() as quiet:
+        Reconciler(make_settings()).reconcile(NOT_AMD)
+    assert [] == [e for e in quiet if e["event"] == "profiles.unreadable"], (
+        "profiles.unreadable logged on a host without amdgpu"
+    )
+    reconciler = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        reconciler.reconcile(ROCM_USABLE)
+        reconciler.reconcile(ROCM_USABLE)
+    events = [e for e in logs if e["event"] == "profiles.unreadable"]
+    assert 1 == len(events), f"profiles.unreadable logged {len(events)} times over two passes"
+    assert ("error", str(profiles)) == (events[0]["log_level"], events[0]["path"])
+    profiles.write_text("profiles = 1 = 2\n")  # another error
+    with structlog.testing.capture_logs() as again:
+        reconciler.reconcile(ROCM_USABLE)
+    assert 1 == sum(e["event"] == "profiles.unreadable" for e in again), (
+        "a new profiles error was not logged"
+    )
