@@ -1,0 +1,171 @@
+"""The watcher's own health: a dead observer, watched folders that come and go, and what
+``check`` and ``health`` tell the main loop about them."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from watchdog.observers import Observer
+
+from hal0_reconciler.daemon.watch import Trigger, Watcher
+from hal0_reconciler.daemon.workqueue import Special, WorkKey
+from hal0_reconciler.model import SlotKey
+from hal0_reconciler.slots import store
+from helpers.daemon_host import wait_until
+
+
+class Keys:
+    def __init__(self) -> None:
+        self.seen: list[WorkKey] = []
+        self.wakes = 0
+
+    def add(self, keys: Iterable[WorkKey]) -> None:
+        self.seen.extend(keys)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+class Observers:
+    """The real watchdog observer, remembering each one it made."""
+
+    def __init__(self) -> None:
+        self.made: list[Observer] = []  # type: ignore[valid-type]
+
+    def __call__(self) -> Observer:  # type: ignore[valid-type]
+        self.made.append(Observer())
+        return self.made[-1]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "etc/slots").mkdir(parents=True)
+    (tmp_path / "dev/dri").mkdir(parents=True)
+    return tmp_path
+
+
+def _watcher(tree: Path, keys: Keys, **kwargs) -> Watcher:  # type: ignore[no-untyped-def]
+    return Watcher(
+        slots_dir=tree / "etc/slots",
+        dev_dir=tree / "dev",
+        kfd_name="kfd",
+        dri_dir=tree / "dev/dri",
+        is_slot_name=store.is_slot_file_name,
+        enqueue=keys.add,
+        wake=keys.wake,
+        **kwargs,
+    )
+
+
+def test_a_dead_observer_is_reported_once_and_replaced(tree: Path) -> None:
+    """check() says OBSERVER_DIED (the runner counts deaths for its health rule), starts a new
+    observer with every watch in place, and says nothing more on the next look."""
+    keys = Keys()
+    observers = Observers()
+    with _watcher(tree, keys, observer_factory=observers) as watcher, capture_logs() as logs:
+        assert [] == watcher.check(), "a healthy watcher asked for a full pass"
+        first = observers.made[0]
+        first.stop()
+        first.join(5)
+        triggers = watcher.check()
+        assert Trigger.OBSERVER_DIED in triggers, f"a dead observer was not reported: {triggers}"
+        assert 2 == len(observers.made), "no new observer was started"
+        assert observers.made[1].is_alive()
+        health = watcher.health()
+        assert ("inotify", 4) == (health.mode, len(health.watched)), (
+            f"the new observer does not watch every folder: {health}"
+        )
+        assert [] == watcher.check(), "a replaced observer was reported again"
+        (tree / "etc/slots/agent.toml").write_text("x = 1\n")
+        wait_until(lambda: keys.seen, what="an event through the new observer")
+    assert 1 == sum(e["event"] == "daemon.observer_died" for e in logs)
+    assert SlotKey(str(tree / "etc/slots/agent.toml")) in keys.seen
+
+
+def test_health_says_polling_while_the_observer_is_dead(tree: Path) -> None:
+    """Until the main loop replaces it, a dead observer makes health() say "polling"."""
+    keys = Keys()
+    observers = Observers()
+    with _watcher(tree, keys, observer_factory=observers) as watcher:
+        assert "inotify" == watcher.health().mode
+        observers.made[0].stop()
+        observers.made[0].join(5)
+        assert "polling" == watcher.health().mode, "a dead observer reported as watching"
+
+
+def test_a_recreated_slots_folder_is_watched_again(tree: Path) -> None:
+    """The slots folder deleted and made again: EVERYTHING is enqueued, check() re-watches it
+    (REWATCHED), and events in the new folder arrive."""
+    keys = Keys()
+    slots = tree / "etc/slots"
+    with _watcher(tree, keys) as watcher:
+        shutil.rmtree(slots)
+        slots.mkdir()
+        wait_until(lambda: Special.EVERYTHING in keys.seen, what="EVERYTHING for the folder")
+        assert Trigger.REWATCHED in watcher.check(), "the new slots folder was not re-watched"
+        assert str(slots) in watcher.health().watched
+        keys.seen.clear()
+        (slots / "agent.toml").write_text("x = 1\n")
+        wait_until(
+            lambda: SlotKey(str(slots / "agent.toml")) in keys.seen, what="event in new folder"
+        )
+
+
+def test_an_absent_folder_is_not_watched_and_not_a_failure(tmp_path: Path) -> None:
+    """A DRI folder that does not exist yet is simply not watched: health stays "inotify"
+    with no failure, and the folder is watched once it appears (its parent's event)."""
+    (tmp_path / "etc/slots").mkdir(parents=True)
+    (tmp_path / "dev").mkdir()
+    keys = Keys()
+    with _watcher(tmp_path, keys) as watcher:
+        health = watcher.health()
+        assert ("inotify", {}) == (health.mode, health.failures)
+        assert str(tmp_path / "dev/dri") not in health.watched
+        (tmp_path / "dev/dri").mkdir()
+        wait_until(lambda: Special.HOST_FACTS in keys.seen, what="the dri folder's event")
+        assert Trigger.REWATCHED in watcher.check()
+        assert str(tmp_path / "dev/dri") in watcher.health().watched
+
+
+class FailsOnce(Observer):  # type: ignore[misc, valid-type]
+    """An observer whose first schedule() calls fail like EMFILE, then work."""
+
+    failures = 0
+
+    def schedule(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if FailsOnce.failures < 1:
+            FailsOnce.failures += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().schedule(*args, **kwargs)
+
+
+def test_a_failed_watch_is_retried_and_its_recovery_said(tree: Path) -> None:
+    """EMFILE on one watch: polling with the reason; a retry that works says watch_restored,
+    health is back to inotify, and check() asks for a full pass (REWATCHED)."""
+    FailsOnce.failures = 0
+    keys = Keys()
+    with capture_logs() as logs, _watcher(tree, keys, observer_factory=FailsOnce) as watcher:
+        health = watcher.health()
+        assert "polling" == health.mode
+        (reason,) = health.failures.values()
+        assert "max_user_instances" in reason, f"EMFILE's reason lost: {reason}"
+        assert [] == watcher.check(), "a failed watch retried without being asked"
+        assert [Trigger.REWATCHED] == watcher.check(retry_failures=True)
+        assert ("inotify", {}) == (watcher.health().mode, watcher.health().failures)
+    assert ["daemon.watch_failed", "daemon.watch_restored"] == [
+        e["event"] for e in logs if e["event"].startswith("daemon.watch_")
+    ]
+
+
+def test_events_wake_the_main_loop(tree: Path) -> None:
+    """Every enqueued event also wakes the main loop (it decides when the batch is due)."""
+    keys = Keys()
+    with _watcher(tree, keys):
+        (tree / "etc/slots/agent.toml").write_text("x = 1\n")
+        wait_until(lambda: keys.seen, what="the event")
+        assert keys.wakes >= 1, "an event was enqueued without waking the main loop"
