@@ -239,3 +239,31 @@ def test_the_lane_metric_says_whether_rocm_is_usable(tmp_path: Path, facts: Host
     bench.full()
     expected = facts.lane is LaneState.USABLE
     assert expected == bench.passes.progress.metrics.rocm_lane_usable
+
+
+def test_a_reload_applies_a_new_fight_window(tmp_path: Path) -> None:
+    """SIGHUP shortening fight_window: reverts older than the new window no longer count."""
+    bench = Bench(tmp_path, fight_limit=1, fight_window=1000)
+    slot = bench.slot("agent")
+    bench.changed(slot)
+    bench.clock.now += 10
+    bench.slot("agent")
+    bench.changed(slot)  # one revert: not more than the limit
+    bench.passes.update_settings(bench.make_settings(fight_limit=1, fight_window=5))
+    bench.clock.now += 10
+    bench.slot("agent")
+    bench.changed(slot)
+    assert frozenset() == bench.passes.fights.hands_off, (
+        "a reloaded fight_window was ignored: reverts outside it still counted"
+    )
+
+
+def test_a_hands_off_slot_is_no_longer_fingerprinted(tmp_path: Path) -> None:
+    """Once the daemon stops fighting, the slot leaves the relabel memory: it is not hashed
+    before every pass (it is never relabelled while hands off)."""
+    bench = Bench(tmp_path, fight_limit=1)
+    slot = bench.slot("agent")
+    _fight_until_hands_off(bench, slot, "agent")
+    assert frozenset() == bench.passes.fights.tracked_keys(), (
+        "a hands-off slot is still fingerprinted before each pass"
+    )

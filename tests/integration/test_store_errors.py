@@ -260,3 +260,13 @@ def test_a_created_lock_file_belongs_to_its_creator(tmp_path: Path) -> None:
         pass
     st = lock.stat()
     assert (os.geteuid(), 4343) == (st.st_uid, st.st_gid), "the lock file's owner was changed"
+
+
+def test_taking_the_lock_leaks_no_descriptor(tmp_path: Path) -> None:
+    """Every hold of the slot write lock closes its descriptor (created or existing lock file)."""
+    lock = tmp_path / "slots.lock"
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with store.slot_write_lock(lock, timeout=1, group_of=tmp_path):
+            pass
+    assert before == len(os.listdir("/proc/self/fd")), "slot_write_lock leaks a file descriptor"

@@ -153,6 +153,9 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
                 return "timeout", time.monotonic() - started, ""
+            except BaseException:  # interrupted: take the test run (and its children) along
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
         seconds = time.monotonic() - started
         tail = "\n".join(out.strip().splitlines()[-15:])
         if proc.returncode == 0:
@@ -260,7 +263,11 @@ def report(all_results: dict[str, list[Result]]) -> str:
     survivors = [r for rs in all_results.values() for r in rs if r.outcome == "survived"]
     if survivors:
         rows += ["", "Surviving mutants (no test noticed the change):"]
-        rows += [f"  {r.mutant.where:28} {r.mutant.description}" for r in survivors]
+        for r in survivors:
+            rows += [
+                f"  {r.mutant.where:28} {r.mutant.description}",
+                f"{'':32}| {r.mutant.source_line}",
+            ]
     return "\n".join(rows)
 
 
@@ -281,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--equivalent", type=Path, default=HERE / "equivalent.toml")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: test runs killed, temporary copies removed
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
 
     modules = [module_name(m) for m in args.modules]
     if args.changed:

@@ -12,9 +12,7 @@ from hal0_reconciler.slots import edit
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param(
-            'device = "gpu-vulkan"\nbackend = "vulkan"', 'device = "gpu-rocm"', id="lf"
-        ),
+        pytest.param('device = "gpu-vulkan"\nbackend = "vulkan"', 'device = "gpu-rocm"', id="lf"),
         pytest.param(
             'device = "gpu-vulkan"\r\nbackend = "vulkan"', 'device = "gpu-rocm"', id="crlf"
         ),
