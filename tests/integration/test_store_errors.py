@@ -16,7 +16,7 @@ import pytest
 
 from hal0_reconciler.errors import LockTimeout, WriteRefused
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
-from hal0_reconciler.slots import store
+from hal0_reconciler.slots import runtime, store
 from helpers import devnodes
 from helpers.hosts import ROCM_USABLE
 from helpers.lock_holder import holding_lock
@@ -270,3 +270,26 @@ def test_taking_the_lock_leaks_no_descriptor(tmp_path: Path) -> None:
         with store.slot_write_lock(lock, timeout=1, group_of=tmp_path):
             pass
     assert before == len(os.listdir("/proc/self/fd")), "slot_write_lock leaks a file descriptor"
+
+
+def test_a_lock_file_that_cannot_be_set_up_is_an_error_and_leaks_nothing(tmp_path: Path) -> None:
+    """Creating the lock file but failing to give it the slots folder's group (the folder is
+    gone): the error is raised, not ignored, and the descriptor is closed."""
+    lock = tmp_path / "slots.lock"
+    before = len(os.listdir("/proc/self/fd"))
+    with (
+        pytest.raises(FileNotFoundError),
+        store.slot_write_lock(lock, timeout=1, group_of=tmp_path / "gone"),
+    ):
+        pytest.fail("the lock was taken although its file could not be set up")
+    assert before == len(os.listdir("/proc/self/fd")), "a failed lock set-up leaks a descriptor"
+
+
+def test_an_unreadable_profiles_file_gives_the_built_ins_and_the_error(tmp_path: Path) -> None:
+    """profiles.toml that is not TOML: hal0's built-in profiles still apply, and the error
+    names the file (reported by the pass)."""
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text("[profiles\n")
+    catalog = store.read_catalog(profiles)
+    assert dict(runtime.BUILTIN_PROFILES) == catalog.profiles
+    assert (catalog.error or "").startswith(f"{profiles}: "), f"error: {catalog.error}"
