@@ -39,6 +39,15 @@ class _LstatSees:
         return os.lstat(seen if seen is not None else path)
 
 
+class _ThenGone(_LstatSees):
+    """As _LstatSees, and every later lstat finds nothing (the file went away meanwhile)."""
+
+    def lstat(self, path: Path) -> os.stat_result:
+        if self._seen is None:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return super().lstat(path)
+
+
 @pytest.fixture
 def swapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A slot path whose lstat still shows the regular file it was a moment ago."""
@@ -293,3 +302,19 @@ def test_an_unreadable_profiles_file_gives_the_built_ins_and_the_error(tmp_path:
     catalog = store.read_catalog(profiles)
     assert dict(runtime.BUILTIN_PROFILES) == catalog.profiles
     assert (catalog.error or "").startswith(f"{profiles}: "), f"error: {catalog.error}"
+
+
+def test_a_file_gone_while_being_refused_is_called_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket swapped in after lstat and gone before its kind could be told: the refusal
+    still reads as a sentence ("unreadable, not a regular file")."""
+    path = tmp_path / "agent.toml"
+    regular = tmp_path / "was-regular.toml"
+    regular.write_text('device = "gpu-vulkan"\n')
+    monkeypatch.setattr(store, "os", _ThenGone(regular))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(WriteRefused) as refused:
+            store.read_slot(path)
+    assert f"{path}: unreadable, not a regular file" == str(refused.value)
