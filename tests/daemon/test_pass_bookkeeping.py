@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.daemon import passes, runner, selfheal
+from hal0_reconciler.daemon import passes, publish, runner, selfheal
 from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
@@ -50,13 +50,14 @@ class Bench:
         self.clock = FakeClock()
         self.built: list[Settings] = []
         self.settings = self.make_settings(**overrides)
+        self.selfheal = selfheal.SelfHeal(self.settings, factory=_no_aiter, clock=self.clock)
         self.passes = passes.Passes(
             self.settings,
             clock=self.clock,
             gather=lambda _s: self.facts,
             reconciler_factory=self._factory,
             restarter=FakeRestarter(),  # type: ignore[arg-type]
-            selfheal_=selfheal.SelfHeal(self.settings, factory=_no_aiter, clock=self.clock),
+            selfheal_=self.selfheal,
             wake=lambda: None,
         )
 
@@ -267,3 +268,18 @@ def test_a_hands_off_slot_is_no_longer_fingerprinted(tmp_path: Path) -> None:
     assert frozenset() == bench.passes.fights.tracked_keys(), (
         "a hands-off slot is still fingerprinted before each pass"
     )
+
+
+def test_the_status_says_the_first_pass_is_pending_until_it_ran(tmp_path: Path) -> None:
+    """Before the first pass STATUS= says "last pass pending" and status.json has no last pass;
+    after it, how long ago it ran."""
+    bench = Bench(tmp_path)
+    bench.slot("agent")
+    sources = publish.Sources(bench.passes, None, {}, bench.selfheal, 0.0)
+    snapshot, line = publish.compose(sources, [], ready=False)
+    assert line.endswith("last pass pending"), f"STATUS= before any pass: {line}"
+    assert snapshot["last_pass"] is None
+    bench.full()
+    snapshot, line = publish.compose(sources, [], ready=True)
+    assert "last pass 0s ago" in line, f"STATUS= after a pass: {line}"
+    assert 1 == snapshot["last_pass"]["slots"]
