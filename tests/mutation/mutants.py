@@ -47,6 +47,7 @@ class Mutant:
     kind: str
     line: int  # 1-based line of the mutated segment's start
     source_line: str  # that line, stripped: the key (with ``description``) for exclusions
+    line_above: str  # the line before it, stripped (tells apart two identical lines)
     description: str
     start: int  # byte offsets of the replaced segment in the module's UTF-8 source
     end: int
@@ -84,9 +85,14 @@ class _Collector(ast.NodeVisitor):
     def _add(self, node: ast.AST, kind: str, description: str, replacement: str) -> None:
         start, end = self._span(node)
         line = node.lineno  # type: ignore[attr-defined]
-        text = self.lines[line - 1].decode("utf-8", errors="replace").strip()
+        text, above = (
+            self.lines[n].decode("utf-8", errors="replace").strip() if n >= 0 else ""
+            for n in (line - 1, line - 2)
+        )
         self.found.append(
-            Mutant(self.module, kind, line, text, _short(description), start, end, replacement)
+            Mutant(
+                self.module, kind, line, text, above, _short(description), start, end, replacement
+            )
         )
 
     # -- what is never mutated -------------------------------------------------------------------

@@ -57,13 +57,29 @@ def load_targets(path: Path) -> dict[str, list[str]]:
     return {str(k): [str(t) for t in v] for k, v in data.get("tests", {}).items()}
 
 
-def load_equivalents(path: Path) -> dict[tuple[str, str, str], str]:
-    """(module, source line, description) → the reason the mutant behaves like the original."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out: dict[tuple[str, str, str], str] = {}
-    for entry in data.get("equivalent", []):
-        out[(entry["module"], entry["line"], entry["mutation"])] = entry["reason"]
-    return out
+class Equivalents:
+    """The mutants listed as behaving like the original: module, stripped source line, the
+    mutation as printed, and (to tell apart identical lines) optionally the line above."""
+
+    def __init__(self, path: Path) -> None:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        self._entries: dict[tuple[str, str, str], list[tuple[str | None, str]]] = {}
+        self._used: set[tuple[str, str, str]] = set()
+        for entry in data.get("equivalent", []):
+            key = (entry["module"], entry["line"], entry["mutation"])
+            self._entries.setdefault(key, []).append((entry.get("above"), entry["reason"]))
+
+    def reason(self, m: Mutant) -> str | None:
+        key = (m.module, m.source_line, m.description)
+        for above, reason in self._entries.get(key, []):
+            if above is None or above == m.line_above:
+                self._used.add(key)
+                return reason
+        return None
+
+    def unused(self, modules: list[str]) -> list[tuple[str, str, str]]:
+        """Entries of these modules that matched no mutant (the code moved on: stale)."""
+        return [k for k in self._entries if k[0] in modules and k not in self._used]
 
 
 def module_name(arg: str) -> str:
@@ -183,7 +199,7 @@ def run_module(
     module: str,
     tests: list[str],
     *,
-    equivalents: dict[tuple[str, str, str], str],
+    equivalents: Equivalents,
     lines: set[int] | None,
     jobs: int,
     timeout: float | None,
@@ -194,7 +210,7 @@ def run_module(
     results: list[Result] = []
     todo: list[Mutant] = []
     for m in mutants:
-        reason = equivalents.get((m.module, m.source_line, m.description))
+        reason = equivalents.reason(m)
         if reason is not None:
             results.append(Result(m, "equivalent", 0.0, reason))
         else:
@@ -297,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if not modules:
         parser.error("name a module, or use --changed")
     targets = load_targets(args.targets)
-    equivalents = load_equivalents(args.equivalent)
+    equivalents = Equivalents(args.equivalent)
     lines = parse_lines(args.lines)
 
     if args.list:
@@ -305,11 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             source = (REPO / PACKAGE / module).read_bytes()
             for m in mutants_of(module, source):
                 if lines is None or m.line in lines:
-                    eq = (
-                        " (equivalent)"
-                        if (module, m.source_line, m.description) in equivalents
-                        else ""
-                    )
+                    eq = " (equivalent)" if equivalents.reason(m) is not None else ""
                     print(f"{m.where:28} {m.kind:8} {m.description}{eq}")
         return 0
 
@@ -327,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     print(report(all_results))
+    if lines is None:
+        for module, line, mutation in equivalents.unused(modules):
+            print(f"stale entry in {args.equivalent.name}: {module}: {line!r}: {mutation}")
     low = [m for m, rs in all_results.items() if rate(rs) < args.fail_under]
     if low:
         print(f"\nunder {args.fail_under:g}%: {', '.join(low)}")
