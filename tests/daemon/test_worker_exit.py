@@ -42,3 +42,38 @@ def test_a_wedged_pass_does_not_keep_the_process_alive() -> None:
     assert (0, "stopped") == (result.returncode, result.stdout.strip().splitlines()[-1]), (
         f"a wedged pass kept the process from exiting: {result.stderr[-500:]}"
     )
+
+
+def test_a_pass_that_fails_is_logged_and_the_worker_goes_on() -> None:
+    """An exception in a pass is logged at ERROR (daemon.pass_failed, with the traceback and
+    the batch size), and the next batch is processed as usual."""
+    import threading
+    import time
+
+    from structlog.testing import capture_logs
+
+    from hal0_reconciler.daemon import passes, workqueue
+    from hal0_reconciler.model import SlotKey
+
+    done: list[workqueue.Batch] = []
+    second = threading.Event()
+
+    def process(batch: workqueue.Batch) -> None:
+        done.append(batch)
+        if len(done) == 1:
+            raise RuntimeError("a bug in a pass")
+        second.set()
+
+    queue = workqueue.WorkQueue(settle=0.0, cap=0.0, clock=time)
+    with capture_logs() as logs, passes.Worker(queue, process):
+        queue.add(SlotKey("/s/a.toml"))
+        queue.add(SlotKey("/s/b.toml"))
+        wait = time.monotonic() + 10
+        while len(done) < 1 and time.monotonic() < wait:
+            time.sleep(0.01)
+        queue.add(SlotKey("/s/c.toml"))
+        assert second.wait(10), "the worker stopped after a failed pass"
+    failed = [e for e in logs if e["event"] == "daemon.pass_failed"]
+    assert 1 == len(failed), f"a failed pass was logged {len(failed)} times"
+    assert ("error", True) == (failed[0]["log_level"], failed[0].get("exc_info")), failed[0]
+    assert failed[0]["keys"] == len(done[0].keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import structlog.testing
 
-from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
+from hal0_reconciler.reconcile import OutcomeStatus, Reconciler, slot_key
 from hal0_reconciler.state import DemotionLedger
 from helpers.daemon_host import slot_text
 from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
@@ -60,3 +60,17 @@ def test_an_unreadable_profiles_file_is_logged_once_on_an_amd_host(
     assert 1 == sum(e["event"] == "profiles.unreadable" for e in again), (
         "a new profiles error was not logged"
     )
+
+
+def test_a_hands_off_slot_is_reported_as_such_and_left_alone(host_dirs, make_settings) -> None:
+    """A slot the daemon stopped fighting over is listed as hands-off (the status shows it),
+    and its file is neither read for a decision nor written."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    slot.write_text(slot_text("agent", "gpu-vulkan"))
+    before = slot.read_bytes()
+    key = slot_key(slot)
+    report = Reconciler(make_settings()).reconcile(ROCM_USABLE, hands_off={key})
+    assert [(key, OutcomeStatus.HANDS_OFF)] == [(o.key, o.status) for o in report.outcomes], (
+        "a hands-off slot is missing from the pass report"
+    )
+    assert before == slot.read_bytes(), "a hands-off slot was relabelled"
