@@ -283,3 +283,120 @@ def test_the_status_says_the_first_pass_is_pending_until_it_ran(tmp_path: Path) 
     snapshot, line = publish.compose(sources, [], ready=True)
     assert "last pass 0s ago" in line, f"STATUS= after a pass: {line}"
     assert 1 == snapshot["last_pass"]["slots"]
+
+
+def test_status_and_metrics_after_a_pass_say_what_happened(tmp_path: Path) -> None:
+    """Per slot: status, name, device now and the reason; an unreadable file's message. Metrics:
+    relabels by target, unreadable files, slots, the lane, the pass's time. The active slot
+    relabelled is handed to the restarter under its name and unit token."""
+    bench = Bench(tmp_path)
+    agent = bench.slot("agent")
+    kept = bench.slot("coder", "gpu-rocm")
+    broken = bench.slots / "broken.toml"
+    broken.write_text("name = [\n")
+    bench.clock.now = 2000.0
+    bench.full()
+    relabelled, unchanged, unreadable = (bench.status(p) for p in (agent, kept, broken))
+    assert relabelled is not None
+    assert unchanged is not None
+    assert unreadable is not None
+    assert ("relabeled", "agent", "gpu-rocm") == (
+        relabelled["status"],
+        relabelled.get("name"),
+        relabelled.get("device"),
+    ), f"a relabelled slot's status entry: {relabelled}"
+    assert relabelled.get("reason"), "the status does not say why the slot was relabelled"
+    assert ("unchanged", "gpu-rocm") == (unchanged["status"], unchanged.get("device"))
+    assert "message" not in unchanged
+    assert ("unreadable", None) == (unreadable["status"], unreadable.get("name"))
+    assert unreadable.get("message"), "an unreadable slot's status says not why"
+    m = bench.passes.progress.metrics
+    assert ({"gpu-rocm": 1}, 1, 3, 0, True) == (
+        m.relabels,
+        m.unreadable_files,
+        m.slots,
+        m.hands_off,
+        m.rocm_lane_usable,
+    ), f"metrics after the pass: {m}"
+    assert m.last_pass_timestamp > 0
+    assert m.pass_duration == bench.passes.progress.last_duration
+    assert 2000.0 == bench.passes.progress.last_full_pass
+    bench.clock.now = 2100.0
+    bench.changed(kept)
+    assert 2000.0 == bench.passes.progress.last_full_pass, "a partial pass counted as full"
+    requests = bench.passes._restarter.requests  # type: ignore[attr-defined]
+    assert [("agent", "agent")] == [(r.name, r.token) for r in requests]
+
+
+def test_the_metrics_folder_is_made_readable_for_node_exporter(tmp_path: Path) -> None:
+    """A metrics folder that does not exist is created 0755 even under the unit's UMask=0077,
+    and the textfile is written after every pass."""
+    import os
+    import stat
+
+    folder = tmp_path / "textfiles" / "hal0"
+    bench = Bench(tmp_path, metrics_textfile=str(folder / "hal0.prom"))
+    bench.slot("agent")
+    old = os.umask(0o077)
+    try:
+        bench.full()
+    finally:
+        os.umask(old)
+    assert 0o755 == stat.S_IMODE(folder.stat().st_mode), "node_exporter cannot read the folder"
+    assert "hal0_reconciler_passes_total 1" in (folder / "hal0.prom").read_text()
+
+
+def test_a_problem_is_logged_once_until_it_changes(tmp_path: Path) -> None:
+    """The same problem on every pass is one warning; a different detail is a new one."""
+    from structlog.testing import capture_logs
+
+    bench = Bench(tmp_path)
+    with capture_logs() as logs:
+        bench.passes.problem("metrics", "cannot write x")
+        bench.passes.problem("metrics", "cannot write x")
+        bench.passes.problem("metrics", "cannot write y")
+    details = [e["detail"] for e in logs if e["event"] == "daemon.problem"]
+    assert ["cannot write x", "cannot write y"] == details
+    assert {"metrics": "cannot write y"} == bench.passes.progress.problems
+
+
+def test_a_lane_change_is_logged_at_its_weight_and_reconciles_everything(tmp_path: Path) -> None:
+    """The lane going down is a warning (with the grace while it is unsettled), coming back an
+    info; either way every slot is reconciled at once (a full pass)."""
+    from structlog.testing import capture_logs
+
+    bench = Bench(tmp_path, demote_grace=30)
+    bench.slot("agent", "gpu-rocm")
+    bench.full()
+    fulls = bench.passes.stats().full_passes
+    with capture_logs() as logs:
+        bench.facts = UNUSABLE
+        bench.probe()
+        bench.clock.now += 31
+        bench.probe()
+        bench.facts = USABLE
+        bench.probe()
+    changes = [
+        (e["old"], e["new"], e["log_level"], e.get("demote_grace"))
+        for e in logs
+        if e["event"] == "host.rocm_lane_changed"
+    ]
+    assert [
+        ("usable", "unsettled", "info", 30.0),
+        ("unsettled", "unusable", "warning", None),
+        ("unusable", "usable", "info", None),
+    ] == changes, f"lane changes logged as {changes}"
+    assert fulls + 3 == bench.passes.stats().full_passes, "a lane change did not reconcile all"
+
+
+def test_the_first_probe_of_a_non_amd_host_logs_no_lane_change(tmp_path: Path) -> None:
+    """Without amdgpu there is no lane to speak of: nothing is logged about it."""
+    from structlog.testing import capture_logs
+
+    bench = Bench(tmp_path)
+    bench.facts = HostFacts(amd=False, lane=LaneState.UNUSABLE)
+    with capture_logs() as logs:
+        bench.full()
+        bench.facts = HostFacts(amd=False, lane=LaneState.USABLE)
+        bench.probe()
+    assert [] == [e for e in logs if e["event"] == "host.rocm_lane_changed"]

@@ -42,6 +42,7 @@ def test_a_wedged_pass_does_not_keep_the_process_alive() -> None:
     assert (0, "stopped") == (result.returncode, result.stdout.strip().splitlines()[-1]), (
         f"a wedged pass kept the process from exiting: {result.stderr[-500:]}"
     )
+    assert "daemon.worker_abandoned" in result.stdout, "an abandoned pass was not said"
 
 
 def test_a_pass_that_fails_is_logged_and_the_worker_goes_on() -> None:
