@@ -246,7 +246,7 @@ def run_module(
             outcome = {"passed": "survived", "failed": "killed"}.get(state, state)
             result = Result(m, outcome, seconds, tail if verbose else "")
             mark = "SURVIVED" if outcome == "survived" else outcome
-            print(f"  {mark:8} {m.where:28} {m.description}", flush=True)
+            print(f"  {mark:8} {seconds:5.1f}s {m.where:28} {m.description}", flush=True)
             return result
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(boxes)) as pool:
