@@ -78,3 +78,33 @@ def test_a_pass_that_fails_is_logged_and_the_worker_goes_on() -> None:
     assert 1 == len(failed), f"a failed pass was logged {len(failed)} times"
     assert ("error", True) == (failed[0]["log_level"], failed[0].get("exc_info")), failed[0]
     assert failed[0]["keys"] == len(done[0].keys)
+
+
+def test_stop_waits_for_the_running_pass_to_finish() -> None:
+    """Stopping while a short pass runs: stop() returns after the pass finished (its write is
+    done, not cut), and nothing is said about an abandoned pass."""
+    import threading
+    import time
+
+    from structlog.testing import capture_logs
+
+    from hal0_reconciler.daemon import passes, workqueue
+    from hal0_reconciler.model import SlotKey
+
+    started, finished = threading.Event(), threading.Event()
+
+    def process(_batch: workqueue.Batch) -> None:
+        started.set()
+        time.sleep(0.3)
+        finished.set()
+
+    queue = workqueue.WorkQueue(settle=0.0, cap=0.0, clock=time)
+    worker = passes.Worker(queue, process)
+    with capture_logs() as logs:
+        worker.start()
+        queue.add(SlotKey("/s/a.toml"))
+        assert started.wait(10)
+        worker.stop()
+        assert finished.is_set(), "stop() returned while the pass was still running"
+        assert not worker.is_alive()
+    assert [] == [e for e in logs if e["event"] == "daemon.worker_abandoned"]

@@ -74,3 +74,20 @@ def test_a_hands_off_slot_is_reported_as_such_and_left_alone(host_dirs, make_set
         "a hands-off slot is missing from the pass report"
     )
     assert before == slot.read_bytes(), "a hands-off slot was relabelled"
+
+
+def test_a_problem_of_a_file_that_came_back_is_reported_again(host_dirs, make_settings) -> None:
+    """An unreadable slot is reported once; deleted and put back with the same bytes, it is a
+    new file and its problem is reported again (the memory left with the old file)."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    slot.write_text("name = [\n")
+    reconciler = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        reconciler.reconcile(ROCM_USABLE)
+        reconciler.reconcile(ROCM_USABLE)
+        slot.unlink()
+        reconciler.reconcile(ROCM_USABLE, [slot])
+        slot.write_text("name = [\n")
+        reconciler.reconcile(ROCM_USABLE)
+    reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
+    assert [str(slot), str(slot)] == reported, f"slot.unreadable logged for: {reported}"
