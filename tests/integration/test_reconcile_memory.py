@@ -91,3 +91,19 @@ def test_a_problem_of_a_file_that_came_back_is_reported_again(host_dirs, make_se
         reconciler.reconcile(ROCM_USABLE)
     reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
     assert [str(slot), str(slot)] == reported, f"slot.unreadable logged for: {reported}"
+
+
+def test_a_file_seen_gone_by_a_quiet_pass_is_forgotten_too(host_dirs, make_settings) -> None:
+    """The pass that finds the file gone may report nothing (amdgpu not loaded at that moment):
+    the file's memory still goes, so the same problem in a new file is reported again."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    slot.write_text("name = [\n")
+    reconciler = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        reconciler.reconcile(ROCM_USABLE)
+        slot.unlink()
+        reconciler.reconcile(NOT_AMD, [slot])
+        slot.write_text("name = [\n")
+        reconciler.reconcile(ROCM_USABLE)
+    reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
+    assert [str(slot), str(slot)] == reported, f"slot.unreadable logged for: {reported}"
