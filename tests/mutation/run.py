@@ -131,6 +131,7 @@ class Sandbox:
 
     def __init__(self, root: Path) -> None:
         self.path = root / "clone"
+        self.proc: subprocess.Popen[str] | None = None
         shutil.copytree(REPO, self.path, ignore=_ignore, symlinks=True)
         self.env = {
             **os.environ,
@@ -139,6 +140,11 @@ class Sandbox:
             # the shared fixtures of the checkout, not of the temp folder
             "HAL0_SHARED_DIR": os.environ.get("HAL0_SHARED_DIR", str(REPO.parent / "shared")),
         }
+
+    def kill(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def pytest(self, tests: list[str], *, timeout: float) -> tuple[str, float, str]:
         """Run the tests; ('passed'|'failed'|'timeout', seconds, last lines of output)."""
@@ -163,6 +169,7 @@ class Sandbox:
             text=True,
             start_new_session=True,
         ) as proc:
+            self.proc = proc
             try:
                 out, _ = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -249,8 +256,15 @@ def run_module(
             print(f"  {mark:8} {seconds:5.1f}s {m.where:28} {m.description}", flush=True)
             return result
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(boxes)) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(boxes))
+        try:
             results += list(pool.map(one, todo))
+        except BaseException:  # Ctrl-C, SIGTERM: no new mutant, the running ones killed
+            pool.shutdown(wait=False, cancel_futures=True)
+            for box in boxes:
+                box.kill()
+            raise
+        pool.shutdown()
     return results
 
 
