@@ -17,6 +17,16 @@ from hal0_reconciler.slots import edit
             'device = "gpu-vulkan"\r\nbackend = "vulkan"', 'device = "gpu-rocm"', id="crlf"
         ),
         pytest.param(
+            'device = "gpu-vulkan"  # lf\nbackend = "vulkan"',
+            'device = "gpu-rocm"  # lf',
+            id="lf-comment-kept",
+        ),
+        pytest.param(
+            'device = "gpu-vulkan"  # crlf\r\nbackend = "vulkan"',
+            'device = "gpu-rocm"  # crlf',
+            id="crlf-comment-kept",
+        ),
+        pytest.param(
             'name = "a"\r\ndevice = "gpu-vulkan"\r\nbackend = "vulkan"\r\n',
             'name = "a"\r\ndevice = "gpu-rocm"\r\n',
             id="crlf-terminated",
