@@ -3,6 +3,7 @@ file): the rules an operator feels only later, after several passes."""
 
 from __future__ import annotations
 
+import pytest
 import structlog.testing
 
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler, slot_key
@@ -107,3 +108,42 @@ def test_a_file_seen_gone_by_a_quiet_pass_is_forgotten_too(host_dirs, make_setti
         reconciler.reconcile(ROCM_USABLE)
     reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
     assert [str(slot), str(slot)] == reported, f"slot.unreadable logged for: {reported}"
+
+
+def test_a_problem_fixed_then_back_is_reported_again(host_dirs, make_settings) -> None:
+    """A broken slot fixed (whether the fix is relabelled or already right) and then broken the
+    same way again is reported again: a fixed problem is forgotten."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    reconciler = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        for fixed in (slot_text("agent", "gpu-vulkan"), slot_text("agent", "gpu-rocm")):
+            slot.write_text("name = [\n")
+            reconciler.reconcile(ROCM_USABLE)
+            slot.write_text(fixed)
+            reconciler.reconcile(ROCM_USABLE)
+        slot.write_text("name = [\n")
+        reconciler.reconcile(ROCM_USABLE)
+    assert 3 == sum(e["event"] == "slot.unreadable" for e in logs), (
+        "a problem that was fixed and came back was not reported again"
+    )
+
+
+def test_the_profiles_file_is_read_once_per_change(
+    host_dirs, make_settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passes over an unchanged profiles file do not read it again; a changed one is read."""
+    from hal0_reconciler.slots import store
+
+    profiles = host_dirs["profiles_file"]
+    profiles.parent.mkdir(parents=True, exist_ok=True)
+    profiles.write_text('[profile.exotic]\nruntime_family = "vllm"\n')
+    reads: list[object] = []
+    real = store.read_catalog
+    monkeypatch.setattr(store, "read_catalog", lambda p: reads.append(p) or real(p))
+    reconciler = Reconciler(make_settings())
+    for _ in range(3):
+        reconciler.reconcile(ROCM_USABLE)
+    assert 1 == len(reads), f"an unchanged profiles file was read {len(reads)} times"
+    profiles.write_text('[profile.exotic]\nruntime_family = "llama.cpp"\n# changed\n')
+    reconciler.reconcile(ROCM_USABLE)
+    assert 2 == len(reads), "a changed profiles file was not read again"
