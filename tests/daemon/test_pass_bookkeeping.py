@@ -49,6 +49,7 @@ class Bench:
         self.facts = USABLE
         self.clock = FakeClock()
         self.built: list[Settings] = []
+        self.wakes = 0
         self.settings = self.make_settings(**overrides)
         self.selfheal = selfheal.SelfHeal(self.settings, factory=_no_aiter, clock=self.clock)
         self.passes = passes.Passes(
@@ -58,8 +59,11 @@ class Bench:
             reconciler_factory=self._factory,
             restarter=FakeRestarter(),  # type: ignore[arg-type]
             selfheal_=self.selfheal,
-            wake=lambda: None,
+            wake=self._wake,
         )
+
+    def _wake(self) -> None:
+        self.wakes += 1
 
     def make_settings(self, **overrides: object) -> Settings:
         values: dict[str, object] = {
@@ -400,3 +404,38 @@ def test_the_first_probe_of_a_non_amd_host_logs_no_lane_change(tmp_path: Path) -
         bench.facts = HostFacts(amd=False, lane=LaneState.USABLE)
         bench.probe()
     assert [] == [e for e in logs if e["event"] == "host.rocm_lane_changed"]
+
+
+def test_each_finished_batch_wakes_the_main_loop_and_clears_busy(tmp_path: Path) -> None:
+    """After every batch (a pass or not) the main loop is woken to republish, and the worker is
+    no longer seen busy (else the health rule would call an idle worker stuck)."""
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    busy_during: list[float | None] = []
+    real = bench.passes._gather
+
+    def gather(settings: Settings) -> HostFacts:
+        busy_during.append(bench.passes.progress.busy_since)
+        return real(settings)
+
+    bench.passes._gather = gather
+    bench.full()
+    bench.changed(slot)
+    bench.probe()
+    assert 3 == bench.wakes, f"{bench.wakes} wakes for 3 batches"
+    assert [1000.0, 1000.0] == busy_during, "the worker was not seen busy during a batch"
+    assert bench.passes.progress.busy_since is None, "an idle worker is still seen busy"
+
+
+def test_a_reload_in_the_same_state_dir_gives_the_engine_the_new_settings(tmp_path: Path) -> None:
+    """SIGHUP pointing slots_dir at another folder (same state_dir): the next full pass
+    reconciles the new folder (the engine kept its memory but took the settings)."""
+    bench = Bench(tmp_path)
+    bench.full()
+    other = tmp_path / "other-slots"
+    other.mkdir()
+    (other / "agent.toml").write_text(slot_text("agent", "gpu-vulkan"))
+    bench.passes.update_settings(bench.make_settings(slots_dir=str(other)))
+    bench.full()
+    assert 1 == len(bench.built), "setup: the same state_dir keeps the engine"
+    assert "gpu-rocm" == device_of(other / "agent.toml"), "the reloaded slots_dir was ignored"
