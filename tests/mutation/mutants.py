@@ -89,10 +89,14 @@ class _Collector(ast.NodeVisitor):
             self.lines[n].decode("utf-8", errors="replace").strip() if n >= 0 else ""
             for n in (line - 1, line - 2)
         )
+        description = _short(description)
+        same = sum(
+            1 for m in self.found if (m.line, m.description.split(" #")[0]) == (line, description)
+        )
+        if same:  # the same change twice on one line (two `True`s): number the later ones
+            description += f" #{same + 1}"
         self.found.append(
-            Mutant(
-                self.module, kind, line, text, above, _short(description), start, end, replacement
-            )
+            Mutant(self.module, kind, line, text, above, description, start, end, replacement)
         )
 
     # -- what is never mutated -------------------------------------------------------------------
