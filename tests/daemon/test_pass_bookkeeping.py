@@ -4,6 +4,7 @@ host facts (no threads: each ``process`` call is one pass, as the worker thread 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import passes, publish, runner, selfheal
 from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
-from hal0_reconciler.settings import Settings
+from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import device_of, slot_text
 
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
@@ -439,3 +441,52 @@ def test_a_reload_in_the_same_state_dir_gives_the_engine_the_new_settings(tmp_pa
     bench.full()
     assert 1 == len(bench.built), "setup: the same state_dir keeps the engine"
     assert "gpu-rocm" == device_of(other / "agent.toml"), "the reloaded slots_dir was ignored"
+
+
+class _FlakyMonitor:
+    """An aiter check that fails ``failures`` times, then finds a quiet tree."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def watch_paths(self) -> list[Path]:
+        return []
+
+    def check(self, *, heal: bool) -> monitor.MonitorReport:
+        del heal
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("the tree cannot be read")
+        return monitor.MonitorReport(())
+
+
+def test_an_aiter_problem_leaves_the_status_once_the_check_works(tmp_path: Path) -> None:
+    """A check that kept failing is a problem in the status; the first check that works again
+    clears it (no restart needed)."""
+    flaky = _FlakyMonitor(selfheal.FAILING_AFTER)
+    bench = Bench(tmp_path)
+    tree = AiterTree(package_dir=tmp_path / "aiter", target="gfx950:256")
+    bench.settings = dataclasses.replace(bench.settings, aiter=AiterSettings(trees=(tree,)))
+    bench.selfheal = selfheal.SelfHeal(bench.settings, factory=lambda _s: flaky, clock=bench.clock)
+    bench.passes._aiter = bench.selfheal
+    bench.passes.update_settings(bench.settings)
+    for _ in range(selfheal.FAILING_AFTER):
+        bench.full()
+    assert "aiter" in bench.passes.progress.problems, "a failing aiter check is no problem"
+    bench.full()
+    assert "aiter" not in bench.passes.progress.problems, "a fixed aiter problem stays"
+
+
+def test_a_fight_released_is_said(tmp_path: Path) -> None:
+    """A hands-off slot whose file changed some other way is released, and the log says so."""
+    from structlog.testing import capture_logs
+
+    bench = Bench(tmp_path, fight_limit=1)
+    slot = bench.slot("agent")
+    _fight_until_hands_off(bench, slot, "agent")
+    bench.slot("agent", port=9999)  # an operator edit: neither version of the fight
+    with capture_logs() as logs:
+        bench.changed(slot)
+    released = [e for e in logs if e["event"] == "slot.fight_released"]
+    assert [str(slot.absolute())] == [e["path"] for e in released], "a release was not logged"
+    assert "gpu-rocm" == device_of(slot), "the released slot was not relabelled"
