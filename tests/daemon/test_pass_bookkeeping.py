@@ -490,3 +490,20 @@ def test_a_fight_released_is_said(tmp_path: Path) -> None:
     released = [e for e in logs if e["event"] == "slot.fight_released"]
     assert [str(slot.absolute())] == [e["path"] for e in released], "a release was not logged"
     assert "gpu-rocm" == device_of(slot), "the released slot was not relabelled"
+
+
+def test_the_metrics_carry_restart_results_and_aiter_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The textfile counts restarts by result and shows the aiter self-heal's counters."""
+    bench = Bench(tmp_path, metrics_textfile=str(tmp_path / "m" / "hal0.prom"))
+    restarter = bench.passes._restarter
+    restarter.results[units.RestartResult.RESTARTED] = 2  # type: ignore[attr-defined]
+    restarter.results[units.RestartResult.INACTIVE] = 1  # type: ignore[attr-defined]
+    monkeypatch.setattr(bench.selfheal, "counters", lambda: (3, 4, 5))
+    bench.full()
+    m = bench.passes.progress.metrics
+    assert {"restarted": 2, "inactive": 1} == m.restarts, f"restart metrics: {m.restarts}"
+    assert (3, 4, 5) == (m.aiter_modules_uncovered, m.aiter_heals, m.aiter_check_failures)
+    text = (tmp_path / "m" / "hal0.prom").read_text()
+    assert 'result="restarted"} 2' in text, "restarts missing from the metrics textfile"
