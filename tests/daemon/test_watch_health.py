@@ -169,3 +169,35 @@ def test_events_wake_the_main_loop(tree: Path) -> None:
         (tree / "etc/slots/agent.toml").write_text("x = 1\n")
         wait_until(lambda: keys.seen, what="the event")
         assert keys.wakes >= 1, "an event was enqueued without waking the main loop"
+
+
+def test_aiter_folders_given_at_start_are_watched(tree: Path) -> None:
+    """aiter folders passed when the watcher is made are watched from the start, and their
+    changes mean "re-plan aiter"; a build/ folder is never watched."""
+    configs = tree / "aiter/configs"
+    configs.mkdir(parents=True)
+    build = tree / "aiter/jit/build"
+    build.mkdir(parents=True)
+    keys = Keys()
+    with _watcher(tree, keys, aiter_dirs=[configs, build]) as watcher:
+        watched = watcher.health().watched
+        assert str(configs) in watched, f"an aiter folder given at start is not watched: {watched}"
+        assert str(build) not in watched, "aiter's build/ folder is watched"
+        (configs / "x_tuned_gemm.csv").write_text("gfx,cu_num\n")
+        wait_until(lambda: Special.AITER in keys.seen, what="the aiter key")
+
+
+@pytest.mark.parametrize("with_aiter", [True, False], ids=["aiter-trees", "no-aiter"])
+def test_a_slot_change_also_re_plans_aiter_only_when_trees_are_watched(
+    tree: Path, with_aiter: bool
+) -> None:
+    """A slot's [server].env may pick other aiter tables: with aiter folders watched, a slot
+    change also means "re-plan aiter"; without, it is only that slot."""
+    configs = tree / "aiter/configs"
+    configs.mkdir(parents=True)
+    keys = Keys()
+    with _watcher(tree, keys, aiter_dirs=[configs] if with_aiter else []):
+        slot = tree / "etc/slots/agent.toml"
+        slot.write_text("x = 1\n")
+        wait_until(lambda: SlotKey(str(slot)) in keys.seen, what="the slot's key")
+    assert with_aiter == (Special.AITER in keys.seen)
