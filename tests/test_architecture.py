@@ -17,6 +17,8 @@ PURE = [
     "slots/document.py",
     "slots/runtime.py",
     "slots/policy.py",
+    "slots/image.py",
+    "host/hal0_code.py",
     "slots/edit.py",
     "slots/_tomlscan.py",
     "model.py",
@@ -24,6 +26,7 @@ PURE = [
     "aiter/tables.py",
     "aiter/routing.py",
     "aiter/plan.py",
+    "aiter/rules.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk
 IO_MODULES = {

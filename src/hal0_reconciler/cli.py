@@ -20,9 +20,9 @@ import structlog
 from hal0_reconciler import __version__, _log, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import units
-from hal0_reconciler.model import HostFacts, LaneState
-from hal0_reconciler.reconcile import OutcomeStatus, PassReport, Reconciler
+from hal0_reconciler.host import hal0, units
+from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
+from hal0_reconciler.reconcile import Outcome, OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
 _cli_log = structlog.get_logger("hal0_reconciler.cli")
@@ -36,6 +36,9 @@ _PATH_FLAGS = {
     "slots_dir": "slots directory (default /etc/hal0/slots, under $HAL0_HOME when set)",
     "lock_file": "hal0's slot write lock (default <slots-dir>.lock)",
     "profiles_file": "hal0's profile catalog (default /etc/hal0/profiles.toml)",
+    "hal0_venv": "hal0's venv, read for its image sets (default /usr/lib/hal0/venv)",
+    "hal0_release_dir": "hal0's release tree, VERSION (default /usr/lib/hal0/current)",
+    "hal0_config_file": "hal0's settings, [slots].default_images (default /etc/hal0/hal0.toml)",
     "kfd_path": "the KFD node the ROCm lane needs (default /dev/kfd)",
     "dri_dir": "where render nodes live (default /dev/dri)",
     "amdgpu_module_dir": "present on an AMD host (default /sys/module/amdgpu)",
@@ -196,11 +199,15 @@ def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     _require_slots_dir(current)
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
-    report = Reconciler(current, ledger=ledger).reconcile(facts, apply=False)
+    reconciler = Reconciler(current, ledger=ledger)
+    report = reconciler.reconcile(facts, apply=False)
+    read = hal0.Hal0Read(
+        reconciler.hal0_facts or hal0.read_facts(current).facts, reconciler.hal0_problems
+    )
     if args.json:
-        print(json.dumps(_plan_json(report, facts), indent=2))
+        print(json.dumps(_plan_json(report, facts, read), indent=2))
     else:
-        print(_plan_table(report, facts))
+        print(_plan_table(report, facts, read))
     return EXIT_PENDING if report.pending else EXIT_OK
 
 
@@ -230,9 +237,17 @@ def _plan_rows(report: PassReport) -> list[dict[str, str]]:
                 "action": _action_word(o.status),
                 "new": (v.new or "") if v and o.status is OutcomeStatus.PENDING else "",
                 "reason": v.reason.value if v else (o.message or ""),
+                "image": (v.image.image or "-") if v and v.image else "-",
+                "from": _rung_word(v.image) if v and v.image else "-",
+                "capable": ("yes" if v.image.capable else "no") if v and v.image else "-",
             }
         )
     return rows
+
+
+def _rung_word(image: ImageResolution) -> str:
+    """The rung, marked when a stale former default was looked through to reach it."""
+    return f"{image.rung.value}<-stale" if image.stale is not None else image.rung.value
 
 
 def _action_word(status: OutcomeStatus) -> str:
@@ -250,31 +265,99 @@ def _facts_line(facts: HostFacts) -> str:
     return f"host: AMD, ROCm lane {facts.lane.value} ({why})"
 
 
-def _plan_table(report: PassReport, facts: HostFacts) -> str:
+def _hal0_lines(read: hal0.Hal0Read) -> list[str]:
+    f = read.facts
+    version = f.version or "version unknown"
+    capable = ", ".join(sorted(f.capable)) or "none"
+    lines = [f"hal0: {version}; default image {f.default_image}; Vulkan-capable: {capable}"]
+    lines += [f"  hal0 fact fallback: {p.line()}" for p in read.problems]
+    return lines
+
+
+_COLUMNS = (
+    "slot",
+    "file",
+    "runtime",
+    "device",
+    "action",
+    "new",
+    "reason",
+    "image",
+    "from",
+    "capable",
+)
+
+
+def _plan_table(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> str:
     rows = _plan_rows(report)
-    head = {k: k.upper() for k in ("slot", "file", "runtime", "device", "action", "new", "reason")}
+    head = {k: k.upper() for k in _COLUMNS}
     widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
-    lines = [_facts_line(facts), ""]
+    lines = [_facts_line(facts), *_hal0_lines(read), ""]
     lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
+    lines += _write_notes(report)
     pending = len(report.pending)
     lines += ["", f"{pending} change(s) pending" if pending else "no changes"]
     return "\n".join(lines)
 
 
-def _plan_json(report: PassReport, facts: HostFacts) -> dict[str, Any]:
+def _plan_json(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
     return {
         "host": {"amd": facts.amd, "rocm_lane": facts.lane.value, "reason": facts.lane_reason},
+        "hal0": _hal0_json(read),
         "slots": [
-            {"path": str(o.path), **row}
+            {"path": str(o.path), **row, "effective_image": _image_json(o), **_comments_lost(o)}
             for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
         ],
         "pending": len(report.pending),
     }
 
 
+def _write_notes(report: PassReport) -> list[str]:
+    """A line for each pending write that would not be byte-minimal or would be refused."""
+    notes = []
+    for o in report.outcomes:
+        if o.status is OutcomeStatus.PENDING and o.message is not None:
+            lost = "the write would rewrite the whole file, losing its comments and layout"
+            notes.append(f"note: {o.path.name}: {lost} ({o.message})")
+        elif o.status is OutcomeStatus.WRITE_FAILED:
+            notes.append(f"note: {o.path.name}: the write would be refused ({o.message})")
+    return notes
+
+
+def _comments_lost(o: Outcome) -> dict[str, Any]:
+    """Whether a pending write would rewrite the whole file (comments lost), and why."""
+    lost = o.message if o.status is OutcomeStatus.PENDING else None
+    return {"loses_comments": lost is not None, "loses_comments_why": lost}
+
+
+def _hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:
+    return {**hal0.describe(read.facts), "problems": [p.line() for p in read.problems] or None}
+
+
+def _image_json(outcome: Any) -> dict[str, Any] | None:
+    """A candidate's effective image: what, from which rung of which runner, capable or not."""
+    v = outcome.verdict
+    if v is None or v.image is None:
+        return None
+    i = v.image
+    return {
+        "image": i.image,
+        "rung": i.rung.value,
+        "runner": i.runner,
+        "capable": i.capable,
+        "stale_looked_through": i.stale,
+        "error": i.error,
+        "explain": i.explain(),
+    }
+
+
 def _probe(current: settings.Settings) -> int:
     facts = host_facts.gather(current)
+    read = hal0.read_facts(current)
     print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
+    print("\n".join(_hal0_lines(read)))
+    for fact, source in sorted(read.facts.sources.items()):
+        print(f"  {fact}: {source}")
     if not facts.amd:
         print("ROCm lane: not probed (not an AMD host)")
         return EXIT_ERROR
@@ -282,7 +365,8 @@ def _probe(current: settings.Settings) -> int:
     if probe is not None and probe.credentials is not None:
         c = probe.credentials
         groups = ",".join(str(g) for g in c.groups)
-        print(f"service user: {c.user} (uid {c.uid}, gid {c.gid}, groups {groups or '-'})")
+        print(f"probed as: {c.user} (uid {c.uid}, gid {c.gid}, groups {groups or '-'})")
+        print(f"  why this identity: {c.why or 'given'}")
     print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
     if probe is not None:
         for failure in probe.failures:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -53,9 +54,9 @@ class Reason(enum.StrEnum):
     NOT_LLAMA_CPP = "runtime-not-llama-cpp"
     RUNTIME_UNRESOLVED = "runtime-unresolved"
     NOT_VULKAN = "device-not-gpu-vulkan"
-    VULKAN_VALIDATED_IMAGE = "image-vulkan-validated"
-    VULKAN_RETIRED_ROCM_USABLE = "vulkan-retired-rocm-usable"
-    VULKAN_RETIRED_ROCM_UNUSABLE = "vulkan-retired-rocm-unusable"
+    VULKAN_CAPABLE_IMAGE = "image-vulkan-capable"
+    NOT_CAPABLE_ROCM_USABLE = "image-not-vulkan-capable-rocm-usable"
+    NOT_CAPABLE_ROCM_UNUSABLE = "image-not-vulkan-capable-rocm-unusable"
     DEMOTION_GRACE = "rocm-unusable-within-grace"
     LANE_UNKNOWN = "rocm-lane-unknown-probe-failed"
     RESTORE_OWN_DEMOTION = "rocm-usable-again-restore-own-demotion"
@@ -90,12 +91,13 @@ class NodeFailure:
 
 @dataclass(frozen=True)
 class Credentials:
-    """Who the probe runs as."""
+    """Who the probe runs as, and why that identity (the slot services' own, or a setting)."""
 
     user: str
     uid: int
     gid: int
     groups: tuple[int, ...]
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,59 @@ class HostFacts:
         return self.probe.reason if self.probe is not None else self.lane.value
 
 
+class Rung(enum.StrEnum):
+    """Where hal0 takes a slot's image from: the first rung that gives one wins."""
+
+    IMAGE_PIN = "image_pin"  # the slot's `image_pin`, verbatim
+    DEFAULT_IMAGES = "default_images"  # [slots].default_images[<runner>] in hal0.toml
+    ENVIRONMENT = "environment"  # HAL0_TOOLBOX_IMAGE_<RUNNER> in hal0's environment file
+    MANIFEST = "manifest"  # the release manifest's digest ref for the runner's manifest key
+    BUNDLED = "bundled"  # the runner's image in the installed hal0's code
+    UNRESOLVED = "unresolved"  # no image could be computed: not capable (fail closed)
+
+
+@dataclass(frozen=True)
+class Hal0Facts:
+    """What the installed hal0 believes about images (read from its own files).
+
+    ``sources`` says, per fact, where it came from: a file, a setting, or the newest values
+    known to this reconciler (when hal0's own source was missing or unreadable).
+    """
+
+    version: str | None
+    default_image: str  # DEFAULT_ROCMFPX_IMAGE
+    capable: frozenset[str]  # VULKAN_CAPABLE_IMAGE_REFS
+    stale: frozenset[str]  # STALE_ROCMFPX_IMAGE_REFS
+    bundled: Mapping[str, str]  # runner key -> bundled image
+    manifest_keys: Mapping[str, str]  # runner key -> its key in the manifest's toolbox_images
+    aliases: Mapping[str, str]  # legacy runner key -> canonical key (vulkanfpx -> rocmfpx)
+    default_images: Mapping[str, str] = field(default_factory=dict)  # hal0.toml override
+    environment: Mapping[str, str] = field(default_factory=dict)  # HAL0_TOOLBOX_IMAGE_*
+    manifest: Mapping[str, str] = field(default_factory=dict)  # manifest key -> pull ref
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageResolution:
+    """The image hal0 will really launch for a candidate slot, and how it was found."""
+
+    image: str | None
+    rung: Rung
+    runner: str | None  # the runner key whose ladder gave the image (None for a pin)
+    capable: bool  # in hal0's Vulkan-capable set
+    stale: str | None = None  # a stale former default that was looked through
+    error: str | None = None  # why no image could be computed
+
+    def explain(self) -> str:
+        """One line for people: the image, where it came from, and the verdict."""
+        if self.image is None:
+            return f"no image ({self.error}): not Vulkan-capable"
+        where = self.rung.value if self.runner is None else f"{self.rung.value} of {self.runner}"
+        through = f"; stale {self.stale} looked through" if self.stale is not None else ""
+        verdict = "Vulkan-capable" if self.capable else "not Vulkan-capable"
+        return f"{self.image} ({where}{through}): {verdict}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the policy decided for one slot, and why."""
@@ -141,6 +196,7 @@ class Verdict:
     runtime: Runtime
     old: str
     new: str | None = None
+    image: ImageResolution | None = None  # for a Vulkan candidate: what hal0 will launch
 
     @property
     def changes(self) -> bool:

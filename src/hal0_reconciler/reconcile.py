@@ -22,9 +22,10 @@ from hal0_reconciler.errors import (
     SlotParseError,
     WriteRefused,
 )
-from hal0_reconciler.model import Action, Catalog, HostFacts, Reason, SlotKey, Verdict
+from hal0_reconciler.host import hal0
+from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, policy, runtime, store
+from hal0_reconciler.slots import document, edit, image, policy, runtime, store
 from hal0_reconciler.state import DemotionLedger
 
 _log = structlog.get_logger("hal0_reconciler.reconcile")
@@ -32,7 +33,7 @@ _log = structlog.get_logger("hal0_reconciler.reconcile")
 
 class OutcomeStatus(enum.StrEnum):
     UNCHANGED = "unchanged"  # kept, with the verdict's reason
-    PENDING = "pending"  # dry run: would be relabelled
+    PENDING = "pending"  # dry run: would be relabelled (message: why comments would be lost)
     RELABELED = "relabeled"
     SKIPPED = "skipped"  # runtime unresolved
     HANDS_OFF = "hands-off"  # the daemon stopped fighting over this slot
@@ -47,10 +48,25 @@ class Outcome:
     key: SlotKey
     path: Path
     name: str | None
-    token: str | None
+    token: str | None  # the unit token; None when hal0 could not run the slot under it
     status: OutcomeStatus
     verdict: Verdict | None = None
     message: str | None = None
+    unit_problem: str | None = None  # why the name or id is not one hal0 could run
+
+
+def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
+    key: SlotKey,
+    path: Path,
+    doc: document.SlotDoc,
+    status: OutcomeStatus,
+    verdict: Verdict | None,
+    message: str | None = None,
+) -> Outcome:
+    """An outcome for a parsed slot: its token only when hal0 could run a unit by it."""
+    problem = doc.unit_problem
+    token = doc.token if problem is None else None
+    return Outcome(key, path, doc.name, token, status, verdict, message, problem)
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,20 @@ def slot_key(path: Path) -> SlotKey:
     return SlotKey(str(path.absolute()))
 
 
+def _dry_write(
+    slot_file: store.SlotFile, doc: document.SlotDoc, new: str | None
+) -> tuple[OutcomeStatus, str | None]:
+    """What the write would do, said beforehand: PENDING, with why when it would rewrite the
+    whole file (comments and layout lost); WRITE_FAILED when the edit would be refused."""
+    if new is None:
+        return OutcomeStatus.PENDING, None
+    try:
+        result = edit.set_device(slot_file.data.decode("utf-8"), table=doc.table, new=new)
+    except EditRefused as exc:
+        return OutcomeStatus.WRITE_FAILED, str(exc)
+    return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
+
+
 class Reconciler:
     """Applies the policy to slot files. Holds only memory of what it already reported."""
 
@@ -91,13 +121,17 @@ class Reconciler:
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
+        self._unit_reported: dict[SlotKey, str] = {}
         self._catalog_reported: str | None = None
+        self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
+        self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
+        self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
 
     def update_settings(self, settings: Settings) -> None:
         """Take new settings (SIGHUP), keeping the memory of what was already reported."""
         self._settings = settings
-        self._validated = frozenset(i.strip() for i in settings.vulkan_validated_images)
+        self._hal0 = hal0.Hal0Reader(settings)
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
@@ -116,6 +150,7 @@ class Reconciler:
         """Reconcile the given slot files (default: every slot). ``apply=False`` is a dry run."""
         started = time.monotonic()
         self._refresh_catalog(quiet=not facts.amd)
+        self._refresh_hal0(quiet=not facts.amd)
         outcomes = []
         for path in self.slot_paths() if paths is None else paths:
             key = slot_key(path)
@@ -131,6 +166,7 @@ class Reconciler:
     def forget(self, key: SlotKey) -> None:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
+        self._unit_reported.pop(key, None)
 
     # -- one file ---------------------------------------------------------------------------
 
@@ -138,14 +174,15 @@ class Reconciler:
         read = self._read_and_decide(path, key, facts)
         if isinstance(read, Outcome):
             return read
-        doc, verdict, _ = read
+        doc, verdict, slot_file = read
         if verdict.action is Action.SKIP:
-            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.SKIPPED, verdict)
+            return _outcome(key, path, doc, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:
             self._settle_ledger(key, verdict)
-            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.UNCHANGED, verdict)
+            return _outcome(key, path, doc, OutcomeStatus.UNCHANGED, verdict)
         if not apply:
-            return Outcome(key, path, doc.name, doc.token, OutcomeStatus.PENDING, verdict)
+            status, note = _dry_write(slot_file, doc, verdict.new)
+            return _outcome(key, path, doc, status, verdict, note)
         try:
             with store.slot_write_lock(
                 self._settings.effective_lock_file,
@@ -155,9 +192,7 @@ class Reconciler:
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:
-            return Outcome(
-                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
-            )
+            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
         # Re-read and decide again: another writer may have changed the file meanwhile.
@@ -169,21 +204,19 @@ class Reconciler:
             status = (
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
-            return Outcome(key, path, doc.name, doc.token, status, verdict)
+            return _outcome(key, path, doc, status, verdict)
         text = slot_file.data.decode("utf-8")
         try:
             result = edit.set_device(text, table=doc.table, new=verdict.new)
             store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
         except (EditRefused, WriteRefused, OSError) as exc:
-            return Outcome(
-                key, path, doc.name, doc.token, OutcomeStatus.WRITE_FAILED, verdict, str(exc)
-            )
-        if verdict.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
+            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+        if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
             self._ledger.drop(key)
         note = None if result.byte_minimal else result.note
-        return Outcome(key, path, doc.name, doc.token, OutcomeStatus.RELABELED, verdict, note)
+        return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
 
     def _read_and_decide(
         self, path: Path, key: SlotKey, facts: HostFacts
@@ -206,12 +239,12 @@ class Reconciler:
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        assert self.hal0_facts is not None  # noqa: S101 - read at the start of every pass
         verdict = policy.decide(
             doc,
             runtime=runtime.runtime_of(doc, self._catalog),
-            image=runtime.effective_image(doc, self._catalog),
+            image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
             facts=facts,
-            validated_images=self._validated,
             demoted_by_us=key in self._ledger,
         )
         return doc, verdict, slot_file
@@ -238,14 +271,62 @@ class Reconciler:
             _log.error("profiles.unreadable", path=str(self._settings.profiles_file), error=error)
         self._catalog_reported = error
 
+    def _refresh_hal0(self, *, quiet: bool) -> None:
+        """Read what the installed hal0 believes (cheap when unchanged); say what changed once,
+        and each source that could not be read once."""
+        read = self._hal0.read()
+        old, new = self.hal0_facts, read.facts
+        self.hal0_facts, self.hal0_problems = new, read.problems
+        if quiet:
+            return
+        if old is not None and (old.default_image, old.capable) != (new.default_image, new.capable):
+            _log.info(
+                "hal0.facts_changed",
+                version=new.version,
+                old_version=old.version,
+                default_image=new.default_image,
+                old_default_image=old.default_image,
+                vulkan_capable=sorted(new.capable),
+                old_vulkan_capable=sorted(old.capable),
+                effect="every slot is judged again",
+            )
+        fresh = set(read.problems) - self._hal0_reported
+        for problem in read.problems:
+            if problem in fresh:
+                level = _log.error if problem.not_understood else _log.warning
+                level(
+                    "hal0.facts_fallback",
+                    source=problem.source,
+                    path=problem.path,
+                    reason=problem.why,
+                )
+        self._hal0_reported = frozenset(read.problems)
+
+    def _report_unit_problem(self, o: Outcome) -> None:
+        """A name or id hal0 could not run: said once per file (again when it changes)."""
+        if o.unit_problem is None or o.status is OutcomeStatus.GONE:
+            self._unit_reported.pop(o.key, None)
+            return
+        if self._unit_reported.get(o.key) == o.unit_problem:
+            return
+        self._unit_reported[o.key] = o.unit_problem
+        _log.warning(
+            "slot.name_invalid",
+            slot=o.name,
+            path=str(o.path),
+            reason=o.unit_problem,
+            effect="hal0 cannot run this slot; it is never named to systemctl or the API",
+        )
+
     def _report(self, o: Outcome, facts: HostFacts) -> None:
         """Log one event per decision that matters; problems only when they first appear."""
+        self._report_unit_problem(o)
         fields = {"slot": o.name, "path": str(o.path)}
         if o.status is OutcomeStatus.RELABELED and o.verdict is not None:
             self._reported.pop(o.key, None)
             v = o.verdict
             change = {"old": v.old, "new": v.new, "reason": v.reason.value}
-            if v.reason is Reason.VULKAN_RETIRED_ROCM_UNUSABLE:
+            if v.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
                 _log.warning(
                     "slot.demoted_to_cpu",
                     **fields,
@@ -278,6 +359,7 @@ class Reconciler:
             _log.error("slot.unreadable", path=str(o.path), error=o.message)
         elif o.status is OutcomeStatus.NOT_REGULAR:
             _log.warning("slot.not_regular_file", path=str(o.path), error=o.message)
+
         else:
             _log.warning(
                 "slot.runtime_unresolved",

@@ -19,8 +19,6 @@ from hal0_reconciler.errors import SettingsError
 
 _T = TypeVar("_T")
 
-HAL0_VULKAN_VALIDATED_IMAGES = ("ghcr.io/hal0ai/hal0-combined:0822",)
-
 
 class RestartFallback(enum.StrEnum):
     """What to do with an active slot whose label changed when hal0's API cannot restart it."""
@@ -79,9 +77,20 @@ class Settings:
     lock_file: Path | None = None  # None: hal0's sibling lock file `<slots_dir>.lock`
     lock_timeout: float = 10.0
     profiles_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/profiles.toml")
-    vulkan_validated_images: tuple[str, ...] = HAL0_VULKAN_VALIDATED_IMAGES
+    # what the installed hal0 believes about images (read from its files; None: read)
+    hal0_venv: Path = field(default_factory=lambda: hal0_root() / "usr/lib/hal0/venv")
+    hal0_release_dir: Path = field(default_factory=lambda: hal0_root() / "usr/lib/hal0/current")
+    hal0_config_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/hal0.toml")
+    manifest_file: Path | None = None  # None: /etc/hal0/manifest.json, else <release>/manifest.json
+    vulkan_validated_images: tuple[str, ...] | None = None  # overrides VULKAN_CAPABLE_IMAGE_REFS
+    stale_images: tuple[str, ...] | None = None  # overrides STALE_ROCMFPX_IMAGE_REFS
+    default_runner_image: str | None = None  # overrides DEFAULT_ROCMFPX_IMAGE
     # host facts
-    service_user: str = "hal0"  # a user name, or numeric "uid[:gid[:g1,g2...]]"
+    service_user: str = "auto"  # "auto": as the slot services run; a name or "uid[:gid[:g1,...]]"
+    slot_unit_dirs: tuple[Path, ...] = (
+        Path("/etc/containers/systemd"),
+        Path("/etc/systemd/system/hal0-slot@.service.d"),
+    )  # where a User= for hal0-slot@ units would be set (none: root, as rootful Podman runs them)
     kfd_path: Path = Path("/dev/kfd")
     dri_dir: Path = Path("/dev/dri")
     amdgpu_module_dir: Path = Path("/sys/module/amdgpu")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler.aiter import routing, tables
+from hal0_reconciler.aiter import rules as aiter_rules
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.hosts import SHARED
 
@@ -22,6 +23,7 @@ GFX942 = tables.Target("gfx942", 80)
 BPS = "a8w8_blockscale_bpreshuffle_tuned_gemm"
 BPS_CK = "module_gemm_a8w8_blockscale_bpreshuffle"
 BPS_CKTILE = "module_gemm_a8w8_blockscale_bpreshuffle_cktile"
+OPUS = "module_deepgemm_opus"
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +39,24 @@ def rules() -> routing.Routing:
 
     text = resources.files("hal0_reconciler.aiter").joinpath("routing.toml").read_text()
     return routing.parse_routing(text)
+
+
+@pytest.fixture(scope="session")
+def book() -> aiter_rules.RuleBook:
+    from importlib import resources
+
+    text = resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text()
+    return aiter_rules.parse_rules(text)
+
+
+AT_E4048607 = "2026-04-rerun"
+"""The rule set of the revision the fixture tables come from."""
+LATER = "2026-09-strip"
+OLDER = "2025-11-merge"
+
+
+def ruleset(book: aiter_rules.RuleBook, name: str) -> aiter_rules.RuleSet:
+    return next(s for s in book.sets if s.name == name)
 
 
 def route_of(rules: routing.Routing, stem: str) -> routing.TableRoute:
@@ -141,8 +161,14 @@ class Tree:
         (blob / "gen.cpp").write_text(f"// generated for {module}\n")
         return dst
 
-    def settings(self, *, target: str = "gfx950:256", **options: object) -> Settings:
-        tree = AiterTree(package_dir=self.package, target=target)
+    def version(self, version: str) -> None:
+        """Say which aiter this is, as setuptools_scm does (``aiter/_version.py``)."""
+        (self.package / "_version.py").write_text(f"__version__ = {version!r}\n")
+
+    def settings(
+        self, *, target: str = "gfx950:256", env: dict[str, str] | None = None, **options: object
+    ) -> Settings:
+        tree = AiterTree(package_dir=self.package, target=target, base_env=dict(env or {}))
         return Settings(
             slots_dir=self.slots,
             state_dir=self.state,

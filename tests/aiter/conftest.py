@@ -1,6 +1,7 @@
 """Fixtures for the aiter suite (defined in aiter_support.py)."""
 
 from aiter_support import (  # noqa: F401
+    book,
     built_modules,
     make_tree,
     no_processes,

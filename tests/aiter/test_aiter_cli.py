@@ -14,6 +14,7 @@ import pytest
 from aiter_support import BPS_CK, BPS_CKTILE
 
 from hal0_reconciler.aiter import cli, heal, monitor
+from hal0_reconciler.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("no_processes")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -153,3 +154,124 @@ def test_explain_a_kernel_no_table_names_is_an_error(tree):
     """A registry-miss message for a kernel no loaded table names: exit 1 (nothing to heal)."""
     text = "[aiter] kernel 'no_such_kernel_xyz' is not present in the compiled registry."
     assert _run(tree, "explain", text)[0] == 1
+
+
+def _run_bare(*argv: str, tmp_path: Path) -> tuple[int, str]:
+    """`aiter ...` with no tree configured at all (only what the operator typed)."""
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["aiter", *argv])
+    out = io.StringIO()
+    bare = Settings(slots_dir=tmp_path / "slots", state_dir=tmp_path / "state")
+    return cli.main(args, bare, out=out), out.getvalue()
+
+
+CKTILE_MISS = (
+    "RuntimeError: gemm_a8w8_blockscale_cktile kernel "
+    "'a8w8_blockscale_cktile_192x256x128_1x4x1_16x16x128_intrawave_0x0x0_1' is not present in "
+    "the compiled registry. The tuned CSV references a kernel that was not built into aiter. "
+    "Rebuild aiter (or remove this row from aiter/configs/a8w8_blockscale_tuned_gemm.csv) and "
+    "try again."
+)
+
+
+def test_explain_without_a_tree_names_the_module_from_the_text(tmp_path):
+    """Only the crash text: the module comes from the text itself; both cktile modules compile
+    the source that raised it (whose message always names the blockscale table), so both are
+    named; what a tree would add and aiter's AITER_REBUILD=1 are said."""
+    code, out = _run_bare("explain", CKTILE_MISS, tmp_path=tmp_path)
+    assert code == 0
+    assert (
+        "module module_gemm_a8w8_blockscale_cktile or "
+        "module_gemm_a8w8_blockscale_bpreshuffle_cktile"
+    ) in out
+    assert "--package-dir" in out
+    assert "AITER_REBUILD=1" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "module"),
+    [
+        (
+            (
+                "kernel 'a8w8_blockscale_bpreshuffle_1x128x128_256x16x64x256_x' is not present "
+                "in the compiled registry"
+            ),
+            "module module_gemm_a8w8_blockscale_bpreshuffle (from the kernel-name prefix",
+        ),
+        (
+            (
+                "gemm_a4w4_blockscale kernel 'a4w4_blockscale_256x64x128x128_16x16_x' is not "
+                "present in the compiled registry"
+            ),
+            "module module_gemm_a4w4_blockscale (from the message's source",
+        ),
+        (
+            "c10::Error: Kernel id 112 not found in a16w16 bf16 tune lookup table (gfx942)",
+            "module module_deepgemm_opus",
+        ),
+    ],
+)
+def test_explain_without_a_tree_for_each_message_kind(tmp_path, text, module):
+    """Kernel-name prefix, the message's own source, and opus 'Kernel id N not found'."""
+    code, out = _run_bare("explain", text, tmp_path=tmp_path)
+    assert (0, True) == (code, module in out)
+
+
+def test_explain_without_a_tree_and_without_a_marker_is_an_error(tmp_path):
+    """Text that is no registry miss: exit 1, nothing guessed."""
+    assert _run_bare("explain", "Segmentation fault", tmp_path=tmp_path) == (1, "")
+
+
+def test_explain_a_kernel_id_miss_names_the_rows_and_says_it_cannot_be_verified(tree):
+    """'Kernel id N not found ...': the opus rows naming id N, the module, and no heal."""
+    report = monitor.AiterMonitor(tree.settings()).check(heal=False)
+    row = next(
+        (src, r)
+        for src in report.plans[0].sources
+        if src.table is not None
+        for r in src.table.rows
+        if r.module == "module_deepgemm_opus"
+    )
+    text = f"Kernel id {row[1].name} not found in a16w16 bf16 tune lookup table"
+    code, out = _run(tree, "explain", text)
+    assert code == 0
+    assert f"kernel id {row[1].name}" in out
+    assert f"named by {row[0].file.path}:{row[1].line}" in out
+    assert "cannot be verified" in out
+    assert "AITER_REBUILD=1" in out
+    assert "the last code generation" not in out  # no sidecar: no hint
+    sidecar = tree.jit / "build" / "compiled_kids_opus.json"
+    sidecar.write_text(json.dumps([int(row[1].name) + 1]))
+    assert f"did NOT list id {row[1].name} in {sidecar}" in _run(tree, "explain", text)[1]
+    sidecar.write_text(json.dumps([int(row[1].name)]))
+    assert f"listed id {row[1].name} in {sidecar} (a hint" in _run(tree, "explain", text)[1]
+
+
+def test_plan_says_the_aiter_version_and_rule_set(tree):
+    """The plan names the installed aiter's version and the rule set it followed; an unknown
+    version falls back to the newest rules, said once."""
+    _, out = _run(tree, "plan")
+    assert "aiter version unknown, rules 2026-09-strip" in out
+    assert 1 == out.count("using the newest known rules")
+    (tree.package / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
+    _, out = _run(tree, "plan")
+    assert "aiter 0.1.21.dev46+ge4048607a5, rules 2026-04-rerun (chosen by version" in out
+    assert "newest known" not in out
+    doc = json.loads(_run(tree, "plan", "--json")[1])
+    assert doc["plans"][0]["rules"].startswith("aiter 0.1.21.dev46+ge4048607a5, rules 2026-04")
+    assert doc["plans"][0]["rules_note"] is None
+
+
+def test_plan_exits_1_for_a_row_no_rebuild_fixes_and_json_names_it(tree, built_modules):
+    """A ck row with an empty kernelName: exit 1 (a person must fix the table), the row in JSON."""
+    tree.install(BPS_CKTILE, built_modules[BPS_CKTILE])
+    table = tree.configs / "a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
+    table.write_text(table.read_text() + "gfx950,256,9,9,9,ck,0,0,1.0,,0,0,0\n")
+    line = len(table.read_text().splitlines())
+    code, out = _run(tree, "plan", "--json")
+    (ck,) = [m for m in json.loads(out)["plans"][0]["modules"] if m["module"] == BPS_CK]
+    assert (code, ck["action"]) == (1, "fix-tables")
+    assert [(str(table), line)] == [(b["table"], b["line"]) for b in ck["broken"]]
+    code, text = _run(tree, "plan")
+    assert f"broken row {table}:{line}" in text

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aiter_support import BPS, BPS_CK, BPS_CKTILE
+from aiter_support import BPS, BPS_CK, BPS_CKTILE, OPUS
 from structlog.testing import capture_logs
 
 from hal0_reconciler.aiter import heal, monitor, plan
@@ -44,6 +44,7 @@ def test_plan_gives_the_verdict_per_module(stale_tree):
     assert _verdicts(report) == {
         BPS_CK: ("covered", "none"),
         BPS_CKTILE: ("uncovered", "heal"),
+        OPUS: ("not-built", "none"),  # the committed bf16 table's opus rows
     }
     (base,) = report.plans
     (cktile,) = [m for m in base.modules if m.module == BPS_CKTILE]
@@ -245,7 +246,8 @@ def test_slot_env_with_aiter_variable_is_its_own_environment(stale_tree, tmp_pat
     assert [p.environment for p in report.plans] == ["base", "slot:s1"]
     slot = report.plans[1]
     assert {m.module: (str(m.status), str(m.action)) for m in slot.modules} == {
-        BPS_CK: ("uncovered", "heal")
+        BPS_CK: ("uncovered", "heal"),
+        OPUS: ("not-built", "none"),
     }
     unreadable = [e for e in logs if e["event"] == "aiter.slot_unreadable"]
     assert ["broken", "fifo"] == sorted(str(e.get("slot")) for e in unreadable)

@@ -62,3 +62,62 @@ def test_operator_routing_overrides_modules():
     assert routing.parse_routing(text).tables[0].module_for("ck", "k") == "module_other"
     with pytest.raises(routing.RoutingError, match="modules"):
         routing.parse_routing(text.replace("module_other", "other"))
+
+
+_BASE = 'default = "x"\n[versions.x.tables.s]\nvariable = "AITER_CONFIG_S"\n'
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ('[versions.x.registries.opus]\nlibtype = "opus"\ncolumns = ["id"]\n', "module_"),
+        ('[versions.x.registries.module_o]\ncolumns = ["id"]\n', "libtype"),
+        ('[versions.x.registries.module_o]\nlibtype = "opus"\n', "columns"),
+        (
+            (
+                '[versions.x.registries.module_o]\nlibtype = "opus"\ncolumns = ["id"]\n'
+                'tables = ["nope"]\n'
+            ),
+            "not a table",
+        ),
+        (
+            (
+                '[versions.x.registries.module_o]\nlibtype = "opus"\ncolumns = ["id"]\n'
+                'files = ["../../etc/x.csv"]\n'
+            ),
+            "relative to configs",
+        ),
+        (
+            (
+                '[versions.x.registries.module_o]\nlibtype = "opus"\ncolumns = ["id"]\n'
+                'sidecar = "/etc/shadow"\n'
+            ),
+            "relative to the JIT folder",
+        ),
+        ('[versions.x.prefixes]\n"a_" = ["other"]\n', "prefixes"),
+        ('[versions.x.tables.t]\nvariable = "AITER_CONFIG_T"\nkeyed = "id"\n', "registries"),
+    ],
+)
+def test_malformed_registries_and_prefixes_name_the_key(extra, key):
+    """Operator routing data for id-keyed modules and name prefixes is checked, never trusted."""
+    with pytest.raises(routing.RoutingError, match=key):
+        routing.parse_routing(_BASE + extra)
+
+
+def test_the_shipped_opus_registry_and_prefixes(rules):
+    """module_deepgemm_opus: opus rows by solidx/kernelId from the resolved blockscale-bpreshuffle
+    table and the fixed bf16 tables; the cktile prefix names both cktile modules."""
+    (reg,) = rules.registries
+    assert (reg.module, reg.tables, reg.route.columns) == (
+        "module_deepgemm_opus",
+        ("a8w8_blockscale_bpreshuffle_tuned_gemm",),
+        ("solidx", "kernelId"),
+    )
+    assert rules.modules_for_name("a8w8_blockscale_cktile_x") == (
+        "module_gemm_a8w8_blockscale_cktile",
+        "module_gemm_a8w8_blockscale_bpreshuffle_cktile",
+    )
+    assert rules.modules_for_name("a8w8_blockscale_bpreshuffle_x") == (
+        "module_gemm_a8w8_blockscale_bpreshuffle",
+    )
+    assert rules.modules_for_name("unknown_x") == ()

@@ -254,3 +254,24 @@ def test_the_daemon_settles_the_aiter_key_with_its_own_window(tree: aiter_suppor
         assert 2.5 == daemon._queue.ready_at() - clock.now
     finally:
         daemon.close()
+
+
+def test_a_row_no_rebuild_fixes_is_reported_for_a_person_and_never_healed(
+    host: Host, notify_socket: Any, tree: aiter_support.Tree
+) -> None:
+    """An overlay with an empty ck kernelName: status.json lists the module under fix_tables,
+    and nothing is quarantined (no rebuild fixes such a row)."""
+    settings = _with_aiter(host.settings(), tree)
+    with running(settings):
+        notify_socket.wait_for("READY=1")
+        wait_until(lambda: _aiter_status(settings).get("checks", 0) >= 1, what="first check")
+        overlays = tree.configs / "model_configs"
+        tmp = overlays / ".broken.tmp"
+        tmp.write_text(f"{HEADER}\ngfx950,256,8,7168,2048,ck,1,0,5.0,,1.0,1.0,0.0\n")
+        tmp.rename(overlays / f"{BPS}_broken.csv")
+        wait_until(
+            lambda: _aiter_status(settings).get("fix_tables"), timeout=20, what="the broken row"
+        )
+        aiter_status = _aiter_status(settings)
+    assert [f"base:{BPS_CK}"] == aiter_status["fix_tables"]
+    assert ([], 0) == (_quarantined(tree), aiter_status["heals"])

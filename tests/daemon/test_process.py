@@ -32,6 +32,9 @@ def _start(
         "--dri-dir": o["dri_dir"],
         "--profiles-file": o["profiles_file"],
         "--user": o["service_user"],
+        "--hal0-venv": o["hal0_venv"],
+        "--hal0-release-dir": o["hal0_release_dir"],
+        "--hal0-config-file": o["hal0_config_file"],
     }
     if "--config" not in extra:
         flags["--log-format"] = "json"

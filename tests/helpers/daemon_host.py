@@ -15,6 +15,7 @@ from hal0_reconciler.daemon import notify, runner
 from hal0_reconciler.settings import Settings
 from helpers import devnodes
 from helpers.fake_systemctl import FakeSystemctl
+from helpers.hal0_tree import Hal0Tree
 
 SERVICE_USER = f"{devnodes.SERVICE_UID}:{devnodes.SERVICE_UID}"
 FAST = {
@@ -73,6 +74,7 @@ class Host:
         devnodes.char_node(dev.kfd, mode=0o666)
         devnodes.char_node(dev.render(), mode=0o666)
         self.systemctl = FakeSystemctl(root / "bin", {})
+        self.hal0 = Hal0Tree(root).install("ade07ba")  # unpinned gpu-vulkan is not capable
 
     def lane(self, *, usable: bool) -> None:
         """chmod the nodes: 0666 usable by the service user, 0600 not."""
@@ -91,6 +93,7 @@ class Host:
             "api_url": "http://127.0.0.1:9",  # discard port: nothing listens
             "api_env_file": str(self.root / "etc/hal0/api.env"),
             "systemctl": str(self.systemctl.path),
+            **self.hal0.settings(),
             **FAST,
         }
         values.update({k: str(v) for k, v in extra.items()})

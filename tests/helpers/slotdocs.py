@@ -12,20 +12,27 @@ def slot_doc(
     device: str = "gpu-vulkan",
     profile: str | None = None,
     provider: str | None = None,
-    image: str | None = None,
+    image_pin: str | None = None,
+    binary: str | None = None,
+    raw_device: str | None = "",
+    backend: str | None = None,
+    name: str = "s",
+    slot_id: str | None = None,
 ) -> SlotDoc:
-    """A flat slot named ``s`` with these fields (``kind`` is hal0's ``type``)."""
+    """A flat slot with these fields (``kind`` is hal0's ``type``; ``raw_device`` "" means
+    "as ``device``")."""
     return SlotDoc(
         data={},
         table=(),
-        name="s",
-        id=None,
+        name=name,
+        id=slot_id,
         type=kind,
         device=device,
         device_source=DeviceSource.DEVICE,
-        raw_device=device,
-        backend=None,
+        raw_device=device if raw_device == "" else raw_device,
+        backend=backend,
         profile=profile,
         provider=provider,
-        image=image,
+        image_pin=image_pin,
+        binary=binary,
     )

@@ -54,7 +54,7 @@ def test_plan_shows_pending_relabels_and_exits_2(
     assert 2 == result.returncode, result.stderr
     rows = {
         line.split()[0]: line.split()
-        for line in result.stdout.splitlines()[3:]
+        for line in result.stdout.splitlines()[4:]
         if line.strip() and "pending" not in line
     }
     assert [
@@ -64,7 +64,10 @@ def test_plan_shows_pending_relabels_and_exits_2(
         "gpu-vulkan",
         "relabel",
         "gpu-rocm",
-        "vulkan-retired-rocm-usable",
+        "image-not-vulkan-capable-rocm-usable",
+        "ghcr.io/hal0ai/hal0-rocmfpx:ade07ba",
+        "bundled",
+        "no",
     ] == rows["agent"]
     assert "keep" == rows["img"][4]
     assert "7 change(s) pending" in result.stdout
@@ -82,6 +85,26 @@ def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) 
     assert {"amd": True, "rocm_lane": "unusable"} == {
         k: doc["host"][k] for k in ("amd", "rocm_lane")
     }
+
+
+def test_plan_says_beforehand_when_a_write_would_lose_comments(
+    seeded_slots: Path, host_dirs: dict[str, Path]
+) -> None:
+    """A slot whose label cannot be edited in place is flagged in the table and in --json."""
+    exotic = seeded_slots / "exotic.toml"
+    exotic.write_text('# lost\n[slot]\nname = "x"\ndevice = "gpu-vulkan"\n[slot.backend]\nv = 1\n')
+    (seeded_slots / "broken.toml").write_text("device = \n")  # a message, but no write
+    args = [*host_args(host_dirs), "--assume-amd", "--assume-rocm=usable"]
+    table = cli("plan", *args).stdout.splitlines()
+    doc = json.loads(cli("plan", *args, "--json").stdout)
+    notes = [line for line in table if line.startswith("note:")]
+    assert 1 == len(notes), table
+    assert notes[0].startswith("note: exotic.toml: the write would rewrite the whole file"), notes
+    assert "backend is a table of its own" in notes[0]
+    lost = {s["file"]: (s["loses_comments"], s["loses_comments_why"]) for s in doc["slots"]}
+    assert lost.pop("exotic.toml")[0] is True
+    assert (False, None) == lost.pop("broken.toml")
+    assert {(False, None)} == set(lost.values())
 
 
 def test_plan_on_a_non_amd_host_has_nothing_to_do(
@@ -119,6 +142,21 @@ def test_probe_reports_the_failing_node(host_dirs: dict[str, Path]) -> None:
     assert 1 == result.returncode
     assert "ROCm lane: unusable" in result.stdout
     assert f"{host_dirs['kfd_path']}: permission errno 13" in result.stdout
+    assert "probed as: 54321 (uid 54321, gid 54321, groups 54321)" in result.stdout
+    assert "why this identity: the service_user setting" in result.stdout
+
+
+def test_probe_says_which_hal0_it_read(host_dirs: dict[str, Path]) -> None:
+    """`probe` carries the hal0 facts used: version, default image, capable set, and where
+    each came from."""
+    make_usable_lane(host_dirs)
+    result = cli("probe", *host_args(host_dirs))
+    assert 0 == result.returncode, result.stderr
+    assert (
+        "hal0: 0.9.9; default image ghcr.io/hal0ai/hal0-rocmfpx:ade07ba; "
+        "Vulkan-capable: ghcr.io/hal0ai/hal0-combined:0822"
+    ) in result.stdout
+    assert f"capable: {host_dirs['hal0_venv']}" in result.stdout
 
 
 @pytest.mark.skipif(
@@ -220,3 +258,42 @@ def test_probe_on_a_non_amd_host_exits_1(host_dirs: dict[str, Path]) -> None:
     result = cli("probe", *host_args(host_dirs))
     assert 1 == result.returncode
     assert "ROCm lane: not probed (not an AMD host)" in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        pytest.param('name = "Bad Name"\n', "name 'Bad Name' breaks", id="name"),
+        pytest.param('name = "ok"\nid = "../../x"\n', "id '../../x' breaks", id="id"),
+    ],
+)
+def test_a_slot_hal0_could_not_run_is_reported_never_named_to_systemctl_or_the_api(
+    host_dirs: dict[str, Path], tmp_path: Path, fields: str, problem: str
+) -> None:
+    """A relabelled slot whose name or id breaks hal0's patterns is said once, and neither
+    `systemctl` nor hal0's API ever sees it (not even an is-active look-up)."""
+    from helpers.fake_systemctl import FakeSystemctl
+    from helpers.hal0_api_server import Hal0Api
+
+    make_usable_lane(host_dirs)
+    (host_dirs["slots_dir"] / "odd.toml").write_text(
+        f'# a slot written by hand\n{fields}type = "llm"\ndevice = "gpu-vulkan"\n'
+    )
+    systemctl = FakeSystemctl(tmp_path / "bin", {})
+    with Hal0Api() as api:
+        result = cli(
+            "once",
+            *host_args(host_dirs),
+            "--set",
+            f"systemctl={systemctl.path}",
+            "--set",
+            f"api_url={api.url}",
+        )
+    assert 0 == result.returncode, result.stderr
+    assert 'device = "gpu-rocm"' in (host_dirs["slots_dir"] / "odd.toml").read_text()
+    assert ([], []) == (systemctl.calls(), api.requests)
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    invalid = [e for e in events if e["event"] == "slot.name_invalid"]
+    assert 1 == len(invalid), events
+    assert problem in invalid[0]["reason"]

@@ -17,6 +17,7 @@ import structlog.testing
 
 from hal0_reconciler.model import FailureKind, HostFacts, LaneState, NodeFailure, ProbeResult
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
+from hal0_reconciler.slots import edit
 from hal0_reconciler.state import DemotionLedger
 from helpers.hosts import NOT_AMD, ROCM_UNSETTLED, ROCM_UNUSABLE, ROCM_USABLE, shared_path
 from helpers.lock_holder import holding_lock
@@ -280,18 +281,54 @@ def test_real_hal0_seed_slots_are_relabelled_byte_minimally(
         assert expected == after[name], name
 
 
+def test_inline_slot_table_is_relabelled_in_place(seeded_slots: Path, make_settings) -> None:
+    """An inline `slot = {...}` table keeps its comments: only the label's bytes change."""
+    inline = seeded_slots / "inline.toml"
+    old = '# kept\nslot = { name = "inline", backend = "vulkan", port = 1 }  # kept too\n'
+    inline.write_text(old)
+    with structlog.testing.capture_logs() as logs:
+        report = Reconciler(make_settings()).reconcile(ROCM_USABLE, [inline], apply=False)
+        Reconciler(make_settings()).reconcile(ROCM_USABLE, [inline])
+    assert [(OutcomeStatus.PENDING, None)] == [(o.status, o.message) for o in report.outcomes]
+    assert ["slot.relabeled"] == [e["event"] for e in logs]
+    assert old.replace('backend = "vulkan"', 'device = "gpu-rocm"') == inline.read_text()
+
+
+WHOLE_REWRITE = '# a comment that cannot survive\n[slot]\nname = "x"\ndevice = "gpu-vulkan"\n'
+WHOLE_REWRITE += '[slot.backend]\nlane = "vulkan"\n'  # a backend that is a table of its own
+
+
 def test_exotic_layout_is_rewritten_whole_and_says_comments_were_lost(
     seeded_slots: Path, make_settings
 ) -> None:
-    """An inline [slot] table cannot be edited in place: it is re-serialised, and a warning says so."""
-    inline = seeded_slots / "inline.toml"
-    inline.write_text(
-        '# a comment that cannot survive\nslot = { name = "inline", device = "gpu-vulkan" }\n'
-    )
+    """A backend given as a table has no one span to delete: the file is re-serialised, the
+    dry run says so beforehand, and a warning says so after."""
+    exotic = seeded_slots / "exotic.toml"
+    exotic.write_text(WHOLE_REWRITE)
+    dry = Reconciler(make_settings()).reconcile(ROCM_USABLE, [exotic], apply=False)
+    assert [OutcomeStatus.PENDING] == [o.status for o in dry.outcomes]
+    assert "is a table of its own" in (dry.outcomes[0].message or "")
+    assert WHOLE_REWRITE == exotic.read_text()
     with structlog.testing.capture_logs() as logs:
-        Reconciler(make_settings()).reconcile(ROCM_USABLE, [inline])
+        Reconciler(make_settings()).reconcile(ROCM_USABLE, [exotic])
     assert ["slot.relabeled", "slot.comments_lost"] == [e["event"] for e in logs]
-    assert {"slot": {"name": "inline", "device": "gpu-rocm"}} == tomllib.loads(inline.read_text())
+    assert {"slot": {"name": "x", "device": "gpu-rocm"}} == tomllib.loads(exotic.read_text())
+
+
+def test_dry_run_says_when_the_write_would_be_refused(
+    seeded_slots: Path, make_settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When neither rewrite could be verified, the dry run predicts the failed write."""
+    exotic = seeded_slots / "exotic.toml"
+    exotic.write_text(WHOLE_REWRITE)
+
+    def cannot(data: object) -> str:
+        raise ValueError("cannot")
+
+    monkeypatch.setattr(edit.tomli_w, "dumps", cannot)
+    dry = Reconciler(make_settings()).reconcile(ROCM_USABLE, [exotic], apply=False)
+    assert [OutcomeStatus.WRITE_FAILED] == [o.status for o in dry.outcomes]
+    assert "tomli_w cannot write" in (dry.outcomes[0].message or "")
 
 
 def test_demotion_event_says_why_the_lane_is_unusable(seeded_slots: Path, make_settings) -> None:
@@ -355,3 +392,21 @@ def test_a_deleted_slot_takes_its_demotion_record_with_it(
     coder.write_text('# on the CPU on purpose\nname = "coder"\ndevice = "cpu"\n')
     Reconciler(settings, ledger=ledger).reconcile(ROCM_USABLE, [coder])
     assert 'device = "cpu"' in coder.read_text()
+
+
+def test_a_name_hal0_could_not_run_is_said_once_across_passes(
+    make_settings, host_dirs: dict[str, Path]
+) -> None:
+    """A slot named outside hal0's pattern is reported on the first pass only, and again only
+    when its problem changes."""
+    (host_dirs["slots_dir"] / "odd.toml").write_text('name = "Odd"\ntype = "llm"\ndevice = "cpu"\n')
+    engine = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        engine.reconcile(ROCM_USABLE)
+        engine.reconcile(ROCM_USABLE)
+        (host_dirs["slots_dir"] / "odd.toml").write_text('name = "Odd2"\ndevice = "cpu"\n')
+        engine.reconcile(ROCM_USABLE)
+    said = [e["reason"] for e in logs if e["event"] == "slot.name_invalid"]
+    assert 2 == len(said), said
+    assert "'Odd'" in said[0]
+    assert "'Odd2'" in said[1]

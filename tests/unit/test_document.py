@@ -177,18 +177,38 @@ def test_id_keyed_files(text: str, expected_id: str | None, expected_token: str)
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param(
-            'image_pin = "ghcr.io/a:1"\nimage = "ghcr.io/b:2"\n', "ghcr.io/a:1", id="pin-wins"
-        ),
-        pytest.param('image = "ghcr.io/b:2"\n', "ghcr.io/b:2", id="legacy-string"),
+        pytest.param('image_pin = "ghcr.io/a:1"\nimage = "ghcr.io/b:2"\n', "ghcr.io/a:1", id="pin"),
+        pytest.param('image = "ghcr.io/b:2"\n', None, id="legacy-string-no-longer-counts"),
         pytest.param('name = "img"\n[image]\nidle_restore_minutes = 60\n', None, id="image-table"),
-        pytest.param('image_pin = 3\nimage = "ghcr.io/b:2"\n', "ghcr.io/b:2", id="non-string-pin"),
+        pytest.param("image_pin = 3\n", None, id="non-string-pin"),
+        pytest.param('image_pin = ""\n', "", id="empty-pin-as-written"),
         pytest.param("name = 'x'\n", None, id="none"),
     ],
 )
-def test_image(text: str, expected: str | None) -> None:
-    """image_pin, else the legacy `image` string; an [image] table is settings, not an image."""
-    assert expected == document.parse_slot(text, stem="x").image
+def test_image_pin(text: str, expected: str | None) -> None:
+    """`image_pin` as written; the legacy `image` string is no longer read (hal0 ignores it)."""
+    assert expected == document.parse_slot(text, stem="x").image_pin
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param('name = "chat-2"\n', None, id="good-name"),
+        pytest.param('name = "Chat"\n', "name 'Chat' breaks", id="upper-case"),
+        pytest.param('name = "-x"\n', "name '-x' breaks", id="leading-dash"),
+        pytest.param(f'name = "{"a" * 33}"\n', "breaks", id="too-long"),
+        pytest.param('name = "a/../b"\n', "breaks", id="path"),
+        pytest.param('name = "ok"\nid = 42\n', None, id="numeric-id"),
+        pytest.param('name = "ok"\nid = "x y"\n', "id 'x y' breaks", id="id-with-space"),
+        pytest.param('name = "ok"\nid = "a;rm"\n', "id 'a;rm' breaks", id="id-shell"),
+    ],
+)
+def test_unit_problem(text: str, problem: str | None) -> None:
+    """Names and ids outside hal0's patterns are named, so they never reach systemctl or the API."""
+    found = document.parse_slot(text, stem="x").unit_problem
+    assert (problem is None) == (found is None), found
+    if problem is not None:
+        assert problem in (found or "")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import tomli_w
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hal0_reconciler import errors
@@ -21,6 +22,15 @@ from helpers.hosts import SHARED
 FIXTURES = SHARED / "fixtures/hal0/slots"
 OWN_DATA = Path(__file__).parent.parent / "data" / "slots_edit"
 DEVICES = [device.value for device in Device]
+
+
+def canonical(data: Any) -> str:
+    """Parsed TOML as text that tells nan from 1.0 from 1 from true, whatever the key order."""
+    if isinstance(data, dict):
+        return "{" + ", ".join(f"{k!r}: {canonical(v)}" for k, v in sorted(data.items())) + "}"
+    if isinstance(data, list):
+        return "[" + ", ".join(canonical(item) for item in data) + "]"
+    return f"{type(data).__name__}({data!r})"
 
 
 def expected_after(text: str, table: tuple[str, ...], new: str) -> dict[str, Any]:
@@ -119,6 +129,12 @@ CASES = [
         id="multi-line-array-decoy",
     ),
     pytest.param(
+        'a = ["""x\n]""", \'\'\'\n]\'\'\', "\\"]"]\ndevice = "gpu-vulkan"\n',
+        (),
+        'a = ["""x\n]""", \'\'\'\n]\'\'\', "\\"]"]\ndevice = "gpu-rocm"\n',
+        id="strings-in-an-array-decoy",
+    ),
+    pytest.param(
         'when = 1979-05-27 07:32:00Z\nenv = { device = "gpu-vulkan" }\nslot . device = "gpu-vulkan"\n',
         ("slot",),
         'when = 1979-05-27 07:32:00Z\nenv = { device = "gpu-vulkan" }\nslot . device = "gpu-rocm"\n',
@@ -149,29 +165,293 @@ def test_set_device_rewrites_only_the_label(
     assert expected_after(text, table, "gpu-rocm") == tomllib.loads(result.text)
 
 
+# --- every shape: a decision table of exact bytes ------------------------------------------
+# (text, table, expected) with new = "gpu-rocm". Each row names the shape that holds the label
+# (flat root, [slot] table, inline table, nested inline table, dotted key) and what the table
+# holds (device, device + legacy backend, backend only, neither), and the value's style.
+
+SHAPES = [
+    # flat root
+    pytest.param(
+        'device = "gpu-vulkan"\nbackend = "vulkan"  # old\nport = 1\n',
+        (),
+        'device = "gpu-rocm"\nport = 1\n',
+        id="flat/device+backend",
+    ),
+    pytest.param(
+        "name = 'a'\nbackend = 'vulkan' # legacy\n",
+        (),
+        "name = 'a'\ndevice = 'gpu-rocm' # legacy\n",
+        id="flat/backend-only",
+    ),
+    pytest.param(
+        'device = "gpu-rocm"\nbackend = "vulkan"\n',
+        (),
+        'device = "gpu-rocm"\n',
+        id="flat/right-label-but-a-backend-left",
+    ),
+    # [slot] table
+    pytest.param(
+        '[slot]\r\nbackend = "vulkan"\r\n  device = "gpu-vulkan" # d\r\n',
+        ("slot",),
+        '[slot]\r\n  device = "gpu-rocm" # d\r\n',
+        id="table/device+backend-crlf",
+    ),
+    # inline table at the top level
+    pytest.param(
+        '# c\nslot = { name = "a", device = "gpu-vulkan", port = 1 }  # the slot\n',
+        ("slot",),
+        '# c\nslot = { name = "a", device = "gpu-rocm", port = 1 }  # the slot\n',
+        id="inline/device",
+    ),
+    pytest.param(
+        "slot = {name = 'a',backend = 'vulkan'}",
+        ("slot",),
+        "slot = {name = 'a',device = 'gpu-rocm'}",
+        id="inline/backend-only-no-final-newline",
+    ),
+    pytest.param(
+        'slot = { backend = "vulkan", device = "gpu-vulkan", port = 1 }\n',
+        ("slot",),
+        'slot = { device = "gpu-rocm", port = 1 }\n',
+        id="inline/backend-first-removed-with-its-comma",
+    ),
+    pytest.param(
+        'slot = { device = "gpu-vulkan" ,  backend = "vulkan" } # x\r\n',
+        ("slot",),
+        'slot = { device = "gpu-rocm" } # x\r\n',
+        id="inline/backend-last-removed-with-the-comma-before",
+    ),
+    pytest.param(
+        'slot = { name = "a" } # no device yet\n',
+        ("slot",),
+        'slot = { name = "a", device = "gpu-rocm" } # no device yet\n',
+        id="inline/neither-appended",
+    ),
+    pytest.param(
+        'slot = { name = "a", env = { x = 1 }, port = 1 }\n',
+        ("slot",),
+        'slot = { name = "a", env = { x = 1 }, port = 1, device = "gpu-rocm" }\n',
+        id="inline/neither-after-the-last-pair",
+    ),
+    pytest.param("slot = {}\n", ("slot",), 'slot = {device = "gpu-rocm"}\n', id="inline/empty"),
+    pytest.param(
+        "slot = {  }\n", ("slot",), 'slot = {  device = "gpu-rocm"  }\n', id="inline/empty-spaced"
+    ),
+    pytest.param(
+        'slot = { env = { device = "gpu-vulkan" }, args = [{ device = "x" }], device = "gpu-vulkan" }\n',
+        ("slot",),
+        'slot = { env = { device = "gpu-vulkan" }, args = [{ device = "x" }], device = "gpu-rocm" }\n',
+        id="inline/inner-tables-are-decoys",
+    ),
+    pytest.param(
+        'slot = { env = { device = "gpu-vulkan" } }\n',
+        ("slot",),
+        'slot = { env = { device = "gpu-vulkan" }, device = "gpu-rocm" }\n',
+        id="inline/neither-after-an-inner-table",
+    ),
+    # inline table nested in another inline table, or under a header
+    pytest.param(
+        "outer = { a = 1, slot = { device = \"gpu-vulkan\", backend = 'vulkan' }, b = 2 }\n",
+        ("outer", "slot"),
+        'outer = { a = 1, slot = { device = "gpu-rocm" }, b = 2 }\n',
+        id="nested-inline/device+backend",
+    ),
+    pytest.param(
+        'outer = { slot = { backend = "vulkan" } }\n',
+        ("outer", "slot"),
+        'outer = { slot = { device = "gpu-rocm" } }\n',
+        id="nested-inline/backend-only",
+    ),
+    pytest.param(
+        '[hosts]\nslot = { name = "a" }\n',
+        ("hosts", "slot"),
+        '[hosts]\nslot = { name = "a", device = "gpu-rocm" }\n',
+        id="inline-under-header/neither",
+    ),
+    # dotted keys
+    pytest.param(
+        'slot.device = "gpu-vulkan"  # lane\nslot.name = "a"\n[model]\n',
+        ("slot",),
+        'slot.device = "gpu-rocm"  # lane\nslot.name = "a"\n[model]\n',
+        id="dotted/device",
+    ),
+    pytest.param(
+        "slot.name = 'a'\n  slot . backend = 'vulkan'\n",
+        ("slot",),
+        "slot.name = 'a'\n  slot . device = 'gpu-rocm'\n",
+        id="dotted/backend-only",
+    ),
+    pytest.param(
+        'slot.device = "gpu-vulkan"\r\nslot.backend = "vulkan"',
+        ("slot",),
+        'slot.device = "gpu-rocm"',
+        id="dotted/device+backend-crlf-unterminated",
+    ),
+    pytest.param(
+        '"slot" . name = "a" # n\n\n[model]\n',
+        ("slot",),
+        '"slot" . name = "a" # n\n"slot" . device = "gpu-rocm"\n\n[model]\n',
+        id="dotted/neither-beside-the-last-dotted-key",
+    ),
+    pytest.param(
+        "slot.name = 'a'\n 'slot' .port = 1\nx = 2\n",
+        ("slot",),
+        "slot.name = 'a'\n 'slot' .port = 1\n 'slot' .device = \"gpu-rocm\"\nx = 2\n",
+        id="dotted/neither-beside-the-last-of-two",
+    ),
+    pytest.param(
+        "slot.server.port = 1\n",
+        ("slot",),
+        'slot.server.port = 1\nslot.device = "gpu-rocm"\n',
+        id="dotted/neither-deeper-key-makes-the-table",
+    ),
+    pytest.param(
+        '[outer]\n\tslot.name = "a"\n',
+        ("outer", "slot"),
+        '[outer]\n\tslot.name = "a"\n\tslot.device = "gpu-rocm"\n',
+        id="dotted-under-header/neither",
+    ),
+    pytest.param(
+        'outer = { slot.name = "a", b = 2 }\n',
+        ("outer", "slot"),
+        'outer = { slot.name = "a", slot.device = "gpu-rocm", b = 2 }\n',
+        id="dotted-in-inline/neither",
+    ),
+    pytest.param(
+        'outer = { slot.backend = "vulkan", slot.device = "gpu-vulkan" }\n',
+        ("outer", "slot"),
+        'outer = { slot.device = "gpu-rocm" }\n',
+        id="dotted-in-inline/device+backend",
+    ),
+    pytest.param(
+        '"slot.device" = "gpu-vulkan"\n[slot]\ndevice = "gpu-vulkan"\n',
+        ("slot",),
+        '"slot.device" = "gpu-vulkan"\n[slot]\ndevice = "gpu-rocm"\n',
+        id="dotted/a-quoted-dot-is-not-a-dotted-key",
+    ),
+    pytest.param(
+        'slot = { env.device = "gpu-vulkan", device = "gpu-vulkan" }\n',
+        ("slot",),
+        'slot = { env.device = "gpu-vulkan", device = "gpu-rocm" }\n',
+        id="inline/dotted-decoy",
+    ),
+    # a table only made by a sub-table header
+    pytest.param(
+        "# x\r\n[slot.sub]\r\nx = 1\r\n",
+        ("slot",),
+        '# x\r\n[slot]\r\ndevice = "gpu-rocm"\r\n[slot.sub]\r\nx = 1\r\n',
+        id="sub-header-only/neither",
+    ),
+    pytest.param(
+        '[hal0."the slot".sub]\n',
+        ("hal0", "the slot"),
+        '[hal0."the slot"]\ndevice = "gpu-rocm"\n[hal0."the slot".sub]\n',
+        id="sub-header-only/quoted-key",
+    ),
+    # the value's style
+    pytest.param(
+        'device = """gpu-vulkan"""\n', (), 'device = """gpu-rocm"""\n', id="style/multi-line-basic"
+    ),
+    pytest.param(
+        'device = """\r\ngpu-vulkan""" # c\r\n',
+        (),
+        'device = """\r\ngpu-rocm""" # c\r\n',
+        id="style/multi-line-basic-trimmed-newline-crlf",
+    ),
+    pytest.param(
+        'device = """gpu-\\\n     vulkan"""\nport = 1\n',
+        (),
+        'device = """gpu-rocm"""\nport = 1\n',
+        id="style/multi-line-basic-line-ending-backslash",
+    ),
+    pytest.param(
+        "device = '''gpu-vulkan'''\n",
+        (),
+        "device = '''gpu-rocm'''\n",
+        id="style/multi-line-literal",
+    ),
+    pytest.param(
+        "slot = { device = '''\ngpu-vulkan''', port = 1 }\n",
+        ("slot",),
+        "slot = { device = '''\ngpu-rocm''', port = 1 }\n",
+        id="style/multi-line-literal-in-inline",
+    ),
+    pytest.param(
+        "[slot]\nbackend = '''vulkan'''\n",
+        ("slot",),
+        "[slot]\ndevice = '''gpu-rocm'''\n",
+        id="style/multi-line-literal-backend-only",
+    ),
+    pytest.param('device = "gpu\\u002Dvulkan"\n', (), 'device = "gpu-rocm"\n', id="style/escapes"),
+    pytest.param(
+        '"dev\\u0069ce" = "gpu-vulkan"\n',
+        (),
+        '"dev\\u0069ce" = "gpu-rocm"\n',
+        id="style/escaped-key",
+    ),
+    pytest.param(
+        '"back\\u0065nd" = "vulkan"\n', (), 'device = "gpu-rocm"\n', id="style/escaped-backend-key"
+    ),
+    pytest.param("device = 1 # odd\n", (), 'device = "gpu-rocm" # odd\n', id="style/integer"),
+    pytest.param(
+        'slot = { device = ["gpu-vulkan"] }\n',
+        ("slot",),
+        'slot = { device = "gpu-rocm" }\n',
+        id="style/array",
+    ),
+    pytest.param(
+        'device = { lane = "vulkan" }\n', (), 'device = "gpu-rocm"\n', id="style/inline-table"
+    ),
+    # unicode around the edit
+    pytest.param(
+        "slot = { name = \"Grüße ✓\", device = 'gpu-vulkan' } # ünïcode \u2028 sep\n",
+        ("slot",),
+        "slot = { name = \"Grüße ✓\", device = 'gpu-rocm' } # ünïcode \u2028 sep\n",
+        id="unicode/inline",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "table", "expected"), SHAPES)
+def test_every_shape_is_edited_in_place(text: str, table: tuple[str, ...], expected: str) -> None:
+    """Whatever shape holds the label, only its value (and a legacy backend) change."""
+    result = edit.set_device(text, table=table, new="gpu-rocm")
+    assert (expected, True, None) == (result.text, result.byte_minimal, result.note)
+    assert expected_after(text, table, "gpu-rocm") == tomllib.loads(result.text)
+    assert edit.EditResult(expected, True, None) == edit.set_device(
+        expected, table=table, new="gpu-rocm"
+    )
+
+
 @pytest.mark.parametrize(
-    ("text", "table", "note"),
+    ("text", "table"),
     [
         pytest.param(
-            'slot = { name = "a", device = "gpu-vulkan" }\n',
+            '[slot]\nname = "a"\n[slot.device]\nlane = "vulkan"\n',
             ("slot",),
-            "no header",
-            id="inline-table",
+            id="device-is-a-header-table",
         ),
-        pytest.param('device = """gpu-vulkan"""\n', (), "multi-line", id="multi-line-device"),
+        pytest.param('slot.device.lane = "vulkan"\n', ("slot",), id="device-is-a-dotted-table"),
+        pytest.param("[[device]]\nx = 1\n", (), id="device-is-an-array-of-tables"),
         pytest.param(
-            "device = '''\ngpu-vulkan'''\n", (), "multi-line", id="multi-line-literal-device"
+            '[slot]\ndevice = "gpu-vulkan"\n[slot.backend]\nlane = "vulkan"\n',
+            ("slot",),
+            id="backend-is-a-header-table",
         ),
-        pytest.param("device = 1 # odd\n", (), "not written as a string", id="non-string-device"),
-        pytest.param("[slot.sub]\nx = 1\n", ("slot",), "no header", id="implicit-slot-table"),
+        pytest.param(
+            'slot = { device = "gpu-vulkan", backend.lane = "vulkan" }\n',
+            ("slot",),
+            id="backend-is-a-dotted-table-in-inline",
+        ),
     ],
 )
-def test_unrewritable_layouts_fall_back_to_a_full_rewrite(
-    text: str, table: tuple[str, ...], note: str
+def test_only_a_label_that_is_a_table_of_its_own_falls_back(
+    text: str, table: tuple[str, ...]
 ) -> None:
-    """When the label cannot be edited in place, the document is re-serialised and says why."""
+    """A device/backend made of several statements has no one span: re-serialised, and said."""
     result = edit.set_device(text, table=table, new="gpu-rocm")
-    assert (False, True) == (result.byte_minimal, note in (result.note or ""))
+    assert (False, True) == (result.byte_minimal, "is a table of its own" in (result.note or ""))
     assert expected_after(text, table, "gpu-rocm") == tomllib.loads(result.text)
 
 
@@ -183,6 +463,7 @@ def test_unrewritable_layouts_fall_back_to_a_full_rewrite(
         pytest.param("1", "true", id="integer-became-boolean"),
         pytest.param("nan", "0.0", id="nan-became-number"),
         pytest.param("-0.0", "0.0", id="sign-of-zero"),
+        pytest.param("[1, [2]]", "[1, [3]]", id="list-item"),
     ],
 )
 def test_a_rewrite_that_does_not_verify_is_not_returned(
@@ -196,7 +477,11 @@ def test_a_rewrite_that_does_not_verify_is_not_returned(
         lambda text, *_: text.replace("gpu-vulkan", "gpu-rocm").replace(written, slipped),
     )
     result = edit.set_device(text, table=(), new="gpu-rocm")
-    assert (False, f'kept = {written}\ndevice = "gpu-rocm"\n') == (result.byte_minimal, result.text)
+    expected = tomllib.loads(f'kept = {written}\ndevice = "gpu-rocm"\n')
+    assert (False, canonical(expected)) == (
+        result.byte_minimal,
+        canonical(tomllib.loads(result.text)),
+    )
     assert "did not re-parse" in (result.note or "")
 
 
@@ -224,7 +509,28 @@ def test_a_document_tomli_w_cannot_write_is_refused(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(edit.tomli_w, "dumps", broken)
     with pytest.raises(errors.EditRefused, match="tomli_w"):
-        edit.set_device('slot = { device = "gpu-vulkan" }\n', table=("slot",), new="cpu")
+        edit.set_device('slot.device.lane = "vulkan"\n', table=("slot",), new="cpu")
+
+
+def test_nesting_as_deep_as_tomllib_reads_is_still_edited_in_place() -> None:
+    """The scanner loops over a stack, so depth costs no fallback (450 arrays, 300 tables)."""
+    arrays, tables = "[" * 450 + "]" * 450, "{ a = " * 300 + "1" + " }" * 300
+    text = f"# deep\nx = {arrays}\nslot = {{ t = {tables}, device = 'gpu-vulkan' }}\n"
+    result = edit.set_device(text, table=("slot",), new="cpu")
+    assert (text.replace("'gpu-vulkan'", "'cpu'"), True) == (result.text, result.byte_minimal)
+
+
+def test_a_document_too_deep_for_tomli_w_is_refused_not_crashed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fallback tomli_w cannot write for depth is a refusal (EditRefused), not a crash."""
+
+    def too_deep(data: object) -> str:
+        raise RecursionError
+
+    monkeypatch.setattr(edit.tomli_w, "dumps", too_deep)
+    with pytest.raises(errors.EditRefused, match="tomli_w"):
+        edit.set_device('slot.device.lane = "x"\n', table=("slot",), new="cpu")
 
 
 @pytest.mark.parametrize(
@@ -255,12 +561,19 @@ def test_text_already_carrying_the_label_is_returned_unchanged() -> None:
         pytest.param('"x"', 'a"b\\c', '"a\\"b\\\\c"', id="escapes"),
         pytest.param("'x'", "tab\there", "'tab\there'", id="tab-in-literal"),
         pytest.param('"x"', "line\nbreak\x7f", '"line\\nbreak\\u007f"', id="control-characters"),
+        pytest.param("'''x'''", "it's", '"""it\'s"""', id="apostrophe-leaves-multi-line-literal"),
+        pytest.param("'''\nx'''", "a\tb", "'''\na\tb'''", id="tab-in-multi-line-literal"),
+        pytest.param(
+            '"""\r\nx"""', 'end"""\n', '"""\r\nend\\"\\"\\"\\n"""', id="escapes-in-multi-line-basic"
+        ),
+        pytest.param("'''x'''", "", "''''''", id="empty-multi-line-literal"),
     ],
 )
 def test_new_values_are_quoted_safely(written: str, new: str, expected: str) -> None:
-    """Any value is written as a valid single-line string, in the old quote style when it fits."""
-    result = edit.set_device(f"device = {written}\n", table=(), new=new)
-    assert (f"device = {expected}\n", {"device": new}) == (result.text, tomllib.loads(result.text))
+    """Any value is written as a valid string, in place, in the old quote style when it fits."""
+    result = edit.set_device(f"device = {written}  # kept\n", table=(), new=new)
+    assert (f"device = {expected}  # kept\n", True) == (result.text, result.byte_minimal)
+    assert {"device": new} == tomllib.loads(result.text)
 
 
 # --- real and hand-written slot files ---------------------------------------------------------
@@ -342,7 +655,7 @@ DECOY_BLOCKS = [
     ["memo = '''", "device = 'gpu-vulkan'", "[[slot]]", "'''"],
     [
         "args = [",
-        '  "--device",  # device = "gpu-vulkan"',
+        '  "--device",  # ] device = "gpu-vulkan"',
         '  "device = \\"gpu-vulkan\\"",',
         "  [ 'x' ],",
         "]",
@@ -533,3 +846,346 @@ def test_any_document_and_any_label_round_trip(data: dict[str, Any], new: str) -
     )
     doc = document.parse_slot(result.text, stem="s")
     assert (new, None) == (doc.raw_device, doc.backend)
+
+
+TOML_SCALARS = st.one_of(
+    st.integers(),
+    st.text(max_size=8),
+    st.booleans(),
+    st.floats(),
+    st.datetimes(),
+    st.dates(),
+)
+TOML_VALUES = st.recursive(
+    TOML_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _toml_inline(value: Any) -> str:
+    """`value` written on one pair's right-hand side (tables as inline tables)."""
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{_toml_key(k)} = {_toml_inline(v)}" for k, v in value.items()) + " }"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_inline(item) for item in value) + "]"
+    return tomli_w.dumps({"v": value})[len("v = ") :].rstrip("\n")
+
+
+def _toml_key(key: str) -> str:
+    return tomli_w.dumps({key: 1})[: -len(" = 1\n")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    others=st.dictionaries(st.text(max_size=5), TOML_VALUES, max_size=4),
+    fields=st.dictionaries(
+        st.text(max_size=5).filter(lambda key: key not in {"device", "backend"}),
+        TOML_VALUES,
+        max_size=3,
+    ),
+    label=st.sampled_from([{"device": "gpu-vulkan"}, {"backend": "vulkan"}, {}])
+    | st.fixed_dictionaries({"device": TOML_VALUES, "backend": TOML_VALUES}),
+    shape=st.sampled_from(["table", "inline", "dotted"]),
+    new=st.text(max_size=10),
+)
+def test_any_document_in_any_shape_and_any_label_is_edited_in_place(
+    others: dict[str, Any], fields: dict[str, Any], label: dict[str, Any], shape: str, new: str
+) -> None:
+    """Whatever values (any nesting, nan, dates, odd keys) surround it, and whatever the label,
+    the slot table is edited in place, and nothing before or after its text changes."""
+    others.pop("slot", None)
+    rest = tomli_w.dumps(others)
+    tables = re.search(r"^\[", rest, re.MULTILINE)
+    head, tail = (rest[: tables.start()], rest[tables.start() :]) if tables else (rest, "")
+    if shape == "table":  # tomli_w writes the fields (sub-tables too), the label goes first
+        written = tomli_w.dumps({"slot": fields}).removeprefix("[slot]\n")
+        slot = "[slot]\n" + "".join(f"{k} = {_toml_inline(v)}\n" for k, v in label.items())
+        slot += written + "\n"
+    elif shape == "inline":
+        slot = f"slot = {_toml_inline({**fields, **label})}\n"
+    else:
+        pairs_ = {**fields, **label}.items()
+        slot = "".join(f"slot.{_toml_key(k)} = {_toml_inline(v)}\n" for k, v in pairs_)
+        slot = slot or "slot = {}\n"
+    text = head + slot + tail
+    assume(_parses(text))
+
+    result = edit.set_device(text, table=("slot",), new=new)
+    assert (True, None) == (result.byte_minimal, result.note)
+    assert canonical(expected_after(text, ("slot",), new)) == canonical(tomllib.loads(result.text))
+    start, end, _ = _changed_span(text, result.text)
+    assert len(head) <= start <= end <= len(head) + len(slot)
+    assert edit.EditResult(result.text, True, None) == edit.set_device(
+        result.text, table=("slot",), new=new
+    )
+
+
+def _parses(text: str) -> bool:
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
+
+
+# --- generated files in every shape ---------------------------------------------------------
+# The generator writes markers into the document where the edit must act, so the test knows the
+# exact expected bytes: [D0, D1) the device value (replaced in its style), [R0, R1) a legacy
+# backend pair with its line or comma (deleted), [K0, K1) a backend key (renamed to device).
+
+D0, D1, R0, R1, K0, K1 = "\ue000", "\ue001", "\ue002", "\ue003", "\ue004", "\ue005"
+MARKS = re.compile("[\ue000-\ue005]")
+
+# (written, its replacement): {v} is the old text, {n} the new label, {eol} the document's
+VALUE_STYLES = [
+    ('"{v}"', '"{n}"'),
+    ("'{v}'", "'{n}'"),
+    ('"""{v}"""', '"""{n}"""'),
+    ('"""{eol}{v}"""', '"""{eol}{n}"""'),
+    ("'''{v}'''", "'''{n}'''"),
+    ("'''{eol}{v}'''", "'''{eol}{n}'''"),
+    ('"\\u0067pu-vulkan"', '"{n}"'),
+    ('"""gpu-\\{eol}    vulkan"""', '"""{n}"""'),
+    ("8081", '"{n}"'),
+    ('["gpu-vulkan", { device = "x" }]', '"{n}"'),
+    ('{ lane = "vulkan", device = "gpu-vulkan" }', '"{n}"'),
+]
+DOTTED_PREFIXES = ["slot.", "slot . ", '"slot".', "'slot' ."]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A target `device` or `backend` pair, and its role in the edit."""
+
+    role: str  # "device", "remove" (a backend beside a device), "rename" (a backend alone)
+    key: str
+    equals: str
+    written: str
+    replaced: str
+
+    def render(self, *, prefix: str, eol: str) -> str:
+        value = self.written.replace("{eol}", eol)
+        if self.role == "device":
+            return f"{prefix}{self.key}{self.equals}{D0}{value}{D1}"
+        if self.role == "rename":
+            return f"{prefix}{K0}{self.key}{K1}{self.equals}{D0}{value}{D1}"
+        return f"{prefix}{self.key}{self.equals}{value}"
+
+
+@st.composite
+def pairs(draw: st.DrawFn, key: str, contents: list[str], role: str) -> Pair:
+    written, replaced = draw(st.sampled_from(VALUE_STYLES))
+    content = draw(st.sampled_from(contents))
+    return Pair(
+        role=role,
+        key=draw(st.sampled_from([key, f'"{key}"', f"'{key}'"])),
+        equals=draw(st.sampled_from([" = ", "=", "  =\t", "\t= "])),
+        written=written.replace("{v}", content),
+        replaced=replaced,
+    )
+
+
+@dataclass(frozen=True)
+class Shaped:
+    marked: str  # the document with the markers
+    table: tuple[str, ...]
+    eol: str
+    replaced: str | None  # the device value's replacement template, when there is one
+
+    @property
+    def text(self) -> str:
+        return MARKS.sub("", self.marked)
+
+    def offset(self, marker: str) -> int:
+        """Where `marker` is in the document without markers."""
+        return len(MARKS.sub("", self.marked[: self.marked.index(marker)]))
+
+    def expected(self, new: str) -> str | None:
+        """The exact text after the edit, or None for an insertion (checked apart)."""
+        if self.replaced is None:
+            return None
+        out = re.sub(f"{R0}.*?{R1}", "", self.marked, flags=re.DOTALL)
+        out = re.sub(f"{K0}.*?{K1}", "device", out, flags=re.DOTALL)
+        replacement = self.replaced.format(n=new, eol=self.eol)
+        return re.sub(f"{D0}.*?{D1}", lambda _: replacement, out, flags=re.DOTALL)
+
+
+PLAIN_PAIRS = ['name = "chat"', "port = 8081", "when = 1979-05-27 07:32:00Z", "ratio = 0.5"]
+DECOY_PAIRS = [
+    'env = { device = "gpu-vulkan", backend = "vulkan" }',
+    'args = ["--device", { device = "gpu-vulkan" }, [ \'backend = "vulkan"\' ]]',
+    'notes = """device = "gpu-vulkan"{eol}backend = \'vulkan\'"""',
+    "sub.device = 'gpu-vulkan'",
+    '"back end" = "vulkan"',
+]
+SHAPE_NAMES = [
+    "flat",
+    "header",
+    "dotted-root",
+    "dotted-header",
+    "inline-root",
+    "inline-header",
+    "inline-nested",
+    "dotted-inline",
+]
+
+
+def _inline(items: list[str | Pair], *, prefix: str, eol: str, pad: str, comma: str) -> str:
+    """`{ a, b, c }` with the markers of a removed pair around it and one comma beside it."""
+    tokens: list[str] = []
+    for index, item in enumerate(items):
+        if index:
+            tokens.append(comma)
+        tokens.append(_render(item, prefix=prefix, eol=eol))
+    for index, item in enumerate(items):
+        if isinstance(item, Pair) and item.role == "remove":
+            at = 2 * index
+            if index + 1 < len(items):
+                tokens[at] = R0 + tokens[at]
+                tokens[at + 1] += R1
+            else:
+                tokens[at - 1] = R0 + tokens[at - 1]
+                tokens[at] += R1
+    return "{" + pad + "".join(tokens) + pad + "}"
+
+
+def _lines(items: list[str | Pair], *, dotted: bool, eol: str, draw: st.DrawFn) -> list[str]:
+    out = []
+    for item in items:
+        prefix = draw(st.sampled_from(DOTTED_PREFIXES)) if dotted else ""
+        line = draw(st.sampled_from(["", "  ", "\t"])) + _render(item, prefix=prefix, eol=eol)
+        line += draw(SUFFIX)
+        removed = isinstance(item, Pair) and item.role == "remove"
+        out.append(R0 + line + R1 if removed else line)
+    return out
+
+
+def _render(item: str | Pair, *, prefix: str, eol: str) -> str:
+    if isinstance(item, Pair):
+        return item.render(prefix=prefix, eol=eol)
+    return prefix + item.replace("{eol}", eol)
+
+
+@st.composite
+def targets(draw: st.DrawFn) -> list[Pair]:
+    """The target table's device and/or legacy backend pair, or neither."""
+    out = []
+    if draw(st.booleans()):
+        contents = ["gpu-vulkan", " gpu-vulkan ", "GPU-Vulkan", "cpu", "ü✓"]
+        out.append(draw(pairs("device", contents, "device")))
+    if draw(st.booleans()):
+        out.append(draw(pairs("backend", ["vulkan", "rocm", ""], "remove" if out else "rename")))
+    return out
+
+
+@st.composite
+def placed(
+    draw: st.DrawFn, shape: str, items: list[str | Pair], eol: str
+) -> tuple[list[str], list[str], tuple[str, ...]]:
+    """The target table's pairs placed in `shape`: (root lines, table sections, its path)."""
+    if shape.startswith("inline") or shape == "dotted-inline":
+        holder = _inline(
+            items,
+            prefix="slot." if shape == "dotted-inline" else "",
+            eol=eol,
+            pad=draw(st.sampled_from(["", " ", "  "])),
+            comma=draw(st.sampled_from([", ", ",", " , "])),
+        )
+        if shape == "inline-root":
+            return ["slot = " + holder + draw(SUFFIX)], [], ("slot",)
+        if shape == "inline-header":
+            return [], ["[outer]", "x = 1", "slot = " + holder + draw(SUFFIX)], ("outer", "slot")
+        if shape == "inline-nested":
+            line = f'outer = {{ a = 1, slot = {holder}, b = [{{ device = "gpu-vulkan" }}] }}'
+            return [line], [], ("outer", "slot")
+        return [f"outer = {holder}"], [], ("outer", "slot")  # dotted keys in an inline table
+    body = _lines(items, dotted=shape.startswith("dotted"), eol=eol, draw=draw)
+    body += [""] * draw(st.integers(0, 1))
+    body += ["#" + text for text in draw(st.lists(COMMENT_TEXT, max_size=1))]
+    body = list(draw(st.permutations(body)))
+    if shape == "flat":
+        return body, [], ()
+    if shape == "header":
+        header = draw(st.sampled_from(["[slot]", "[ slot ] # s", "['slot']"]))
+        stale = ['device = "gpu-vulkan"', 'backend = "vulkan"']
+        return stale, [header, *body, "[slot.more]", "device = 'gpu-vulkan'"], ("slot",)
+    if shape == "dotted-root":
+        return body, [], ("slot",)
+    return [], ["[outer]", *body], ("outer", "slot")
+
+
+@st.composite
+def shaped_files(draw: st.DrawFn) -> Shaped:
+    """Slot files whose target table is held in any TOML shape, with device/backend or neither."""
+    shape = draw(st.sampled_from(SHAPE_NAMES))
+    eol = draw(st.sampled_from(["\n", "\r\n"]))
+    wanted = draw(targets())
+    plain = draw(st.lists(st.sampled_from(PLAIN_PAIRS + DECOY_PAIRS), unique=True, max_size=4))
+    if shape.startswith("dotted") and 'name = "chat"' not in plain:
+        plain.append('name = "chat"')  # a dotted key that makes the table
+    items: list[str | Pair] = list(draw(st.permutations([*plain, *wanted])))
+    root, sections, table = draw(placed(shape, items, eol))
+    lines = ["# " + draw(COMMENT_TEXT), *root]
+    lines += ["[model]", 'default = "m"', "[server]", 'env = { device = "gpu-vulkan" }', *sections]
+    marked = eol.join(lines) + (eol if draw(st.booleans()) else "")
+    # a removed line goes with its line ending, or at the unterminated end, the one before it
+    if marked.endswith(R1):
+        marked = marked.replace(eol + R0, R0 + eol)
+    marked = marked.replace(R1 + eol, eol + R1)
+    return Shaped(marked, table, eol, wanted[0].replaced if wanted else None)
+
+
+def _changed_span(old: str, new: str) -> tuple[int, int, str]:
+    """The one region of `old` that differs from `new`: (start, end, what replaces it)."""
+    start = 0
+    while start < min(len(old), len(new)) and old[start] == new[start]:
+        start += 1
+    end = 0
+    while end < min(len(old), len(new)) - start and old[-1 - end] == new[-1 - end]:
+        end += 1
+    return start, len(old) - end, new[start : len(new) - end]
+
+
+def _insertions(old: str, new: str) -> list[str]:
+    """Every `x` such that `new` is `old` with `x` inserted at one place (none: not an insertion)."""
+    size = len(new) - len(old)
+    return [
+        new[at : at + size]
+        for at in range(len(old) + 1)
+        if size > 0 and new[:at] == old[:at] and new[at + size :] == old[at:]
+    ]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shaped=shaped_files(), new=st.sampled_from(DEVICES))
+def test_every_generated_shape_changes_only_the_value_span(shaped: Shaped, new: str) -> None:
+    """In any shape, the edit replaces exactly the value's span (and a backend's), in place."""
+    old = shaped.text
+    result = edit.set_device(old, table=shaped.table, new=new)
+    intended = expected_after(old, shaped.table, new)
+
+    assert (True, None) == (result.byte_minimal, result.note)
+    assert intended == tomllib.loads(result.text)
+    if shaped.eol == "\r\n":
+        assert "\n" not in result.text.replace("\r\n", "")
+    expected = shaped.expected(new)
+    if tomllib.loads(old) == intended:
+        assert old == result.text
+    elif expected is not None:
+        assert expected == result.text
+        if R0 not in shaped.marked:  # one region: the value's span (from the renamed key)
+            start, end, _ = _changed_span(old, result.text)
+            first = K0 if K0 in shaped.marked else D0
+            assert shaped.offset(first) <= start <= end <= shaped.offset(D1)
+    else:
+        inserted = _insertions(old, result.text)
+        pattern = rf'(, |\r?\n)?[ \t]*((slot|"slot"|\'slot\') ?\. ?)?device = "{new}"( *|\r?\n)'
+        assert [text for text in inserted if re.fullmatch(pattern, text)], inserted
+
+    again = edit.set_device(result.text, table=shaped.table, new=new)
+    assert edit.EditResult(result.text, True, None) == again

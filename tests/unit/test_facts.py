@@ -81,7 +81,10 @@ def test_an_unresolvable_service_user_makes_the_lane_unknown_with_the_reason(tmp
     result = facts.gather(settings_for(tmp_path, amd=True))
 
     assert (True, LaneState.UNKNOWN) == (result.amd, result.lane)
-    assert "probe failed: service user 'hal0-no-such-user' does not exist" == result.lane_reason
+    assert (
+        "probe failed: service user 'hal0-no-such-user' does not exist"
+        " (the service_user setting)" == result.lane_reason
+    )
 
 
 @devnodes.requires_root

@@ -9,8 +9,10 @@ import pytest
 from hal0_reconciler.model import (
     Action,
     HostFacts,
+    ImageResolution,
     LaneState,
     Reason,
+    Rung,
     Runtime,
     Verdict,
 )
@@ -18,7 +20,8 @@ from hal0_reconciler.slots import policy
 from hal0_reconciler.slots.document import SlotDoc
 from helpers.slotdocs import slot_doc
 
-VALIDATED = frozenset({"ghcr.io/hal0ai/hal0-combined:0822"})
+CAPABLE = ImageResolution("ghcr.io/hal0ai/hal0-combined:0826", Rung.BUNDLED, "rocmfpx", True)
+NOT_CAPABLE = ImageResolution("ghcr.io/hal0ai/hal0-rocmfpx:ade07ba", Rung.BUNDLED, "rocmfpx", False)
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
 UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
 UNSETTLED = HostFacts(amd=True, lane=LaneState.UNSETTLED)
@@ -35,7 +38,7 @@ def decide(
     runtime: Runtime,
     facts: HostFacts,
     *,
-    image: str | None = None,
+    image: ImageResolution | None = NOT_CAPABLE,
     demoted_by_us: bool = False,
 ) -> Verdict:
     return policy.decide(
@@ -43,7 +46,6 @@ def decide(
         runtime=runtime,
         image=image,
         facts=facts,
-        validated_images=VALIDATED,
         demoted_by_us=demoted_by_us,
     )
 
@@ -52,12 +54,12 @@ RELABEL_ROWS = {
     "llama.cpp on vulkan, rocm usable -> gpu-rocm": (
         USABLE,
         "gpu-rocm",
-        Reason.VULKAN_RETIRED_ROCM_USABLE,
+        Reason.NOT_CAPABLE_ROCM_USABLE,
     ),
     "llama.cpp on vulkan, rocm unusable -> cpu": (
         UNUSABLE,
         "cpu",
-        Reason.VULKAN_RETIRED_ROCM_UNUSABLE,
+        Reason.NOT_CAPABLE_ROCM_UNUSABLE,
     ),
 }
 
@@ -65,11 +67,14 @@ RELABEL_ROWS = {
 @pytest.mark.parametrize(
     ("facts", "new", "reason"), list(RELABEL_ROWS.values()), ids=list(RELABEL_ROWS)
 )
-def test_llama_cpp_vulkan_slots_leave_the_retired_lane(
+def test_llama_cpp_vulkan_slots_on_an_image_that_is_not_capable_leave_the_lane(
     facts: HostFacts, new: str, reason: Reason
 ) -> None:
-    """A llama.cpp slot labelled gpu-vulkan goes to gpu-rocm when the lane is usable, else cpu."""
-    expected = Verdict(Action.RELABEL, reason, Runtime.LLAMA_SERVER, "gpu-vulkan", new)
+    """A llama.cpp gpu-vulkan slot whose image is not Vulkan-capable goes to gpu-rocm when the
+    lane is usable, else cpu; the verdict carries the image that decided it."""
+    expected = Verdict(
+        Action.RELABEL, reason, Runtime.LLAMA_SERVER, "gpu-vulkan", new, image=NOT_CAPABLE
+    )
     assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, facts)
 
 
@@ -92,20 +97,75 @@ def test_non_vulkan_labels_are_never_touched(device: str, facts: HostFacts) -> N
     assert expected == decide(device, Runtime.LLAMA_SERVER, facts)
 
 
-def test_validated_image_keeps_gpu_vulkan() -> None:
-    """A slot whose effective image is on the Vulkan-validated allowlist keeps gpu-vulkan."""
+@pytest.mark.parametrize(
+    "facts", [USABLE, UNUSABLE, UNSETTLED, UNKNOWN], ids=lambda f: f.lane.value
+)
+def test_a_capable_image_keeps_gpu_vulkan_whatever_the_lane(facts: HostFacts) -> None:
+    """A candidate whose effective image is Vulkan-capable is right as it is, whatever the lane
+    says (hal0 seeds such slots on boxes without /dev/kfd)."""
     expected = Verdict(
-        Action.KEEP, Reason.VULKAN_VALIDATED_IMAGE, Runtime.LLAMA_SERVER, "gpu-vulkan"
+        Action.KEEP, Reason.VULKAN_CAPABLE_IMAGE, Runtime.LLAMA_SERVER, "gpu-vulkan", image=CAPABLE
     )
-    assert expected == decide(
-        "gpu-vulkan", Runtime.LLAMA_SERVER, USABLE, image="ghcr.io/hal0ai/hal0-combined:0822"
-    )
+    assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, facts, image=CAPABLE)
 
 
-@pytest.mark.parametrize("image", [None, "", "ghcr.io/hal0ai/hal0-combined:0821"])
-def test_unknown_or_other_image_fails_closed(image: str | None) -> None:
-    """When the image is unknown or not allowlisted, the slot is relabelled (fail closed)."""
+UNRESOLVED = ImageResolution(None, Rung.UNRESOLVED, "nope", False, error="no runner")
+
+
+@pytest.mark.parametrize("image", [None, UNRESOLVED, NOT_CAPABLE], ids=["none", "unresolved", "no"])
+def test_unknown_or_other_image_fails_closed(image: ImageResolution | None) -> None:
+    """When the image is unknown, unresolved or not capable, the slot is relabelled."""
     assert Action.RELABEL == decide("gpu-vulkan", Runtime.LLAMA_SERVER, USABLE, image=image).action
+
+
+CANDIDATES = {
+    "device gpu-vulkan": {"device": "gpu-vulkan"},
+    "legacy backend vulkan, no device": {
+        "device": "gpu-vulkan",
+        "raw_device": None,
+        "backend": "vulkan",
+    },
+    "legacy backend vulkan, empty device": {
+        "device": "gpu-vulkan",
+        "raw_device": "",
+        "backend": "vulkan",
+    },
+}
+NOT_CANDIDATES = {
+    "device Vulkan": {"device": "Vulkan"},
+    "device padded": {"device": "gpu-vulkan", "raw_device": " gpu-vulkan "},
+    "device upper": {"device": "gpu-vulkan", "raw_device": "GPU-VULKAN"},
+    "backend Vulkan": {"device": "gpu-vulkan", "raw_device": None, "backend": "Vulkan"},
+    "backend padded": {"device": "gpu-vulkan", "raw_device": None, "backend": " vulkan "},
+    "device rocm over backend vulkan": {"device": "gpu-rocm", "backend": "vulkan"},
+}
+
+
+def _with(fields: dict[str, str | None]) -> SlotDoc:
+    doc = slot_doc(**{k: v for k, v in fields.items() if k != "raw_device"})  # type: ignore[arg-type]
+    if "raw_device" in fields:
+        doc = dataclasses.replace(doc, raw_device=fields["raw_device"])
+    return doc
+
+
+@pytest.mark.parametrize("fields", list(CANDIDATES.values()), ids=list(CANDIDATES))
+def test_exact_candidates_are_judged(fields: dict[str, str | None]) -> None:
+    """A literal "gpu-vulkan" device, or no/empty device with a legacy backend exactly "vulkan",
+    is a candidate: with an image that is not capable it is relabelled."""
+    verdict = policy.decide(
+        _with(fields), runtime=Runtime.LLAMA_SERVER, image=NOT_CAPABLE, facts=USABLE
+    )
+    assert Action.RELABEL == verdict.action
+
+
+@pytest.mark.parametrize("fields", list(NOT_CANDIDATES.values()), ids=list(NOT_CANDIDATES))
+def test_near_misses_are_not_candidates(fields: dict[str, str | None]) -> None:
+    """Matching is exact, as in hal0: "Vulkan", " vulkan ", " gpu-vulkan " are not candidates
+    (hal0 runs such a slot on the CPU or cannot load it); moving them would put it on the GPU."""
+    verdict = policy.decide(
+        _with(fields), runtime=Runtime.LLAMA_SERVER, image=NOT_CAPABLE, facts=USABLE
+    )
+    assert (Action.KEEP, Reason.NOT_VULKAN) == (verdict.action, verdict.reason)
 
 
 @pytest.mark.parametrize("device", ["gpu-vulkan", "cpu", "gpu-rocm"])
@@ -123,13 +183,17 @@ def test_unresolved_runtime_is_skipped() -> None:
 
 def test_demotion_waits_for_the_grace() -> None:
     """While the lane is unsettled (unusable, within the grace) a vulkan slot is not demoted."""
-    expected = Verdict(Action.KEEP, Reason.DEMOTION_GRACE, Runtime.LLAMA_SERVER, "gpu-vulkan")
+    expected = Verdict(
+        Action.KEEP, Reason.DEMOTION_GRACE, Runtime.LLAMA_SERVER, "gpu-vulkan", image=NOT_CAPABLE
+    )
     assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, UNSETTLED)
 
 
 def test_a_probe_that_could_not_run_demotes_nothing() -> None:
     """When the probe itself failed (e.g. no such service user), vulkan slots are kept."""
-    expected = Verdict(Action.KEEP, Reason.LANE_UNKNOWN, Runtime.LLAMA_SERVER, "gpu-vulkan")
+    expected = Verdict(
+        Action.KEEP, Reason.LANE_UNKNOWN, Runtime.LLAMA_SERVER, "gpu-vulkan", image=NOT_CAPABLE
+    )
     assert expected == decide("gpu-vulkan", Runtime.LLAMA_SERVER, UNKNOWN)
 
 
@@ -171,11 +235,7 @@ def test_the_decision_is_pure() -> None:
     """Deciding twice on the same inputs gives the same verdict and leaves the slot alone."""
     doc = slot()
     before = dataclasses.replace(doc)
-    first = policy.decide(
-        doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED
-    )
-    second = policy.decide(
-        doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE, validated_images=VALIDATED
-    )
+    first = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE)
+    second = policy.decide(doc, runtime=Runtime.LLAMA_SERVER, image=None, facts=USABLE)
     assert first == second
     assert before == doc

@@ -71,14 +71,6 @@ def test_unreadable_catalog_leaves_profiled_slots_unresolved() -> None:
     assert Runtime.LLAMA_SERVER == runtime.runtime_of(slot(), broken)
 
 
-def test_effective_image_prefers_the_slot_then_the_profile() -> None:
-    """image_pin/image of the slot wins; else the profile's image; else unknown."""
-    assert "x:1" == runtime.effective_image(slot(profile="vulkan", image="x:1"), CATALOG)
-    assert "example.org/vulkan:override" == runtime.effective_image(slot(profile="vulkan"), CATALOG)
-    assert runtime.effective_image(slot(profile="coding"), CATALOG) is None
-    assert runtime.effective_image(slot(), CATALOG) is None
-
-
 def test_profiles_file_overlays_builtins() -> None:
     """A profile in the file replaces a built-in's fields it sets and keeps the rest."""
     assert (

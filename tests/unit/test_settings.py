@@ -17,9 +17,12 @@ def test_defaults_match_a_real_hal0_install(monkeypatch: pytest.MonkeyPatch) -> 
     assert Path("/etc/hal0/slots") == s.slots_dir
     assert Path("/etc/hal0/slots.lock") == s.effective_lock_file
     assert Path("/etc/hal0/profiles.toml") == s.profiles_file
-    assert "hal0" == s.service_user
+    assert "auto" == s.service_user  # the slot services' own identity
     assert Path("/dev/kfd") == s.kfd_path
-    assert ("ghcr.io/hal0ai/hal0-combined:0822",) == s.vulkan_validated_images
+    assert None is s.vulkan_validated_images  # read from the installed hal0
+    assert Path("/usr/lib/hal0/venv") == s.hal0_venv
+    assert Path("/usr/lib/hal0/current") == s.hal0_release_dir
+    assert Path("/etc/hal0/hal0.toml") == s.hal0_config_file
 
 
 @pytest.mark.parametrize(

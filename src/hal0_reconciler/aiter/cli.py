@@ -1,23 +1,20 @@
 """The ``aiter`` verbs: plan, heal, restore, explain. Exit codes: 0 nothing to do / done,
 2 a heal is pending (plan) or was refused because a build runs (heal), 1 error (including a
-module whose heal does not converge)."""
+module whose heal does not converge, and table rows no rebuild fixes)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from hal0_reconciler.aiter import heal, monitor, plan, routing
+from hal0_reconciler.aiter import explain, heal, monitor, resolve, routing, tables
 from hal0_reconciler.settings import AiterTree, Settings
 
-_KERNEL = re.compile(r"kernel '([^']+)' is not present in the compiled registry")
-_TABLE = re.compile(r"aiter/configs/([\w./-]+\.csv)")
 EXIT_OK, EXIT_ERROR, EXIT_PENDING = 0, 1, 2
 
 
@@ -62,6 +59,8 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if not settings.aiter.trees:
+        if args.aiter_verb == "explain":
+            return explain.without_tree(args.text, settings, out)
         print("error: no aiter tree configured ([[aiter.trees]] or --package-dir)", file=sys.stderr)
         return EXIT_ERROR
     mon = monitor.AiterMonitor(settings)
@@ -82,14 +81,19 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
             print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
     if verb == "explain":
-        return _explain(args.text, report, mon, out)
+        return explain.with_tree(args.text, report, mon, out)
     if verb == "plan" and args.json:
         json.dump(_jsonable(report), out, indent=1)
         out.write("\n")
     else:
         _print_report(report, out)
-    if report.errors or report.not_converging or not all(p.checked for p in report.plans):
-        return EXIT_ERROR  # an environment that could not be checked is not "nothing to do"
+    if (
+        report.errors
+        or report.not_converging
+        or report.needs_operator
+        or not all(p.checked for p in report.plans)
+    ):
+        return EXIT_ERROR  # could not be checked, or only a person can fix it: not "nothing to do"
     if report.heal_pending or report.retry_soon:
         return EXIT_PENDING
     return EXIT_OK
@@ -132,8 +136,13 @@ def _effective(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
+    said: set[str] = set()
     for p in report.plans:
         print(f"== {p.tree} [{p.environment}] target {p.target}, jit {p.jit_dir}", file=out)
+        print(f"  {p.rules}", file=out)
+        if p.rules_note and p.rules_note not in said:
+            said.add(p.rules_note)
+            print(f"  ! {p.rules_note}", file=out)
         for problem in p.problems:
             print(f"  ! {problem}", file=out)
         for res in p.resolutions:
@@ -141,7 +150,14 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
                 if res.route.compiled:
                     flag = "" if f.exists else " (missing)"
                     print(f"  table {f.path} [{f.origin}]{flag}", file=out)
+        told: set[str] = set()
         for src in p.sources:
+            if str(src.file.path) in told:  # one file read for two modules (ck and opus rows)
+                continue
+            told.add(str(src.file.path))
+            if src.file.origin is resolve.Origin.FIXED and src.table is not None:
+                feeds = ", ".join(sorted(set(src.route.modules.values())))
+                print(f"  table {src.file.path} [{src.file.origin} -> {feeds}]", file=out)
             if src.error is not None:
                 print(f"  ! table {src.file.path} unreadable: {src.error}", file=out)
             elif src.table is not None and src.table.quirks:
@@ -153,6 +169,15 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
                 print(f"      missing {miss.name}  <- {refs}", file=out)
             if len(m.missing) > 10:
                 print(f"      ... and {len(m.missing) - 10} more", file=out)
+            for miss in m.unbuildable[:10]:
+                refs = ", ".join(f"{r.table}:{r.line}" for r in miss.refs[:3])
+                print(f"      not compiled for this target {miss.name}  <- {refs}", file=out)
+            if len(m.unbuildable) > 10:
+                print(f"      ... and {len(m.unbuildable) - 10} more", file=out)
+            for bad in m.broken[:10]:
+                print(f"      broken row {bad.table}:{bad.line}: {bad.reason}", file=out)
+            if len(m.broken) > 10:
+                print(f"      ... and {len(m.broken) - 10} more", file=out)
     for h in report.heals:
         if h.quarantine:
             print(
@@ -174,7 +199,7 @@ def _jsonable(report: monitor.MonitorReport) -> dict[str, Any]:
             return {
                 f.name: conv(getattr(value, f.name))
                 for f in dataclasses.fields(value)
-                if f.name != "table"
+                if not isinstance(getattr(value, f.name), tables.Table)  # rows: too many
             }
         if isinstance(value, tuple | list):
             return [conv(v) for v in value]
@@ -191,64 +216,3 @@ def _jsonable(report: monitor.MonitorReport) -> dict[str, Any]:
         "heals": [conv(h) for h in report.heals],
         "errors": list(report.errors),
     }
-
-
-def _explain(
-    text: str, report: monitor.MonitorReport, mon: monitor.AiterMonitor, out: TextIO
-) -> int:
-    match = _KERNEL.search(text)
-    if match is None:
-        print(
-            "error: no \"kernel '...' is not present in the compiled registry\" in the text",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
-    kernel = match[1]
-    table_hint = _TABLE.search(text)
-    print(f"kernel {kernel}", file=out)
-    if table_hint:
-        print(f"  the message names table {table_hint[1]}", file=out)
-    found = False
-    for p in report.plans:
-        refs = [
-            (src, row)
-            for src in p.sources
-            if src.table is not None
-            for row in src.table.rows
-            if row.name == kernel
-        ]
-        if not refs:
-            continue
-        found = True
-        module = refs[0][1].module
-        print(f"== {p.tree} [{p.environment}] target {p.target}", file=out)
-        print(f"  module {module}", file=out)
-        for src, row in refs[:20]:
-            print(f"  named by {src.file.path}:{row.line} [{src.file.origin}]", file=out)
-        mod = next((m for m in p.modules if m.module == module), None)
-        if mod is None:
-            continue
-        if mod.status is plan.Status.NOT_BUILT:
-            print(f"  {mod.so_path} is not built: aiter builds it from these tables", file=out)
-        else:
-            has = all(m.name != kernel for m in mod.missing)
-            print(f"  {mod.so_path} {'registers' if has else 'does NOT register'} it", file=out)
-        heal_says = {
-            plan.Action.HEAL: f"heal would quarantine {mod.module}.so and build/{mod.module}/ "
-            "so aiter rebuilds it from the current tables",
-            plan.Action.WARN: "shape-keyed: heal only warns (setting heal_shape_keyed)",
-            plan.Action.STUCK: f"heal will not act again: {mod.reason}",
-            plan.Action.HELD: f"heal leaves it alone: {mod.reason}",
-            plan.Action.NONE: "heal has nothing to do",
-        }[mod.action]
-        print(f"  {heal_says}", file=out)
-    if not found:
-        print(
-            "  no table a boot from the configured environments loads names it for the "
-            "target; the crashed server's environment may differ (check its AITER_CONFIG_* "
-            "and GPU_ARCHS)",
-            file=out,
-        )
-        del mon
-        return EXIT_ERROR
-    return EXIT_OK

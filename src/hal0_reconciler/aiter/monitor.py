@@ -46,6 +46,11 @@ class MonitorReport:
         return any(m.action is plan.Action.STUCK for p in self.plans for m in p.modules)
 
     @property
+    def needs_operator(self) -> bool:
+        """Rows no rebuild fixes (broken, or for a target the build does not compile)."""
+        return any(m.action is plan.Action.OPERATOR for p in self.plans for m in p.modules)
+
+    @property
     def retry_soon(self) -> bool:
         """A heal was refused because a build runs: check again after a while."""
         return any(h.refused for h in self.heals)
@@ -225,6 +230,10 @@ class AiterMonitor:
                 log.warning("aiter.slot_unreadable", slot=slot.name, reason=slot.error)
         for p in plans:
             where = {"tree": p.tree, "environment": p.environment}
+            if new(("rules", p.tree, p.rules)):
+                log.info("aiter.rules_chosen", tree=p.tree, rules=p.rules)
+            if p.rules_note and new(("rules_note", p.tree, p.rules_note)):
+                log.warning("aiter.rules_guessed", tree=p.tree, note=p.rules_note)
             for problem in p.problems:
                 if new(("problem", p.tree, p.environment, problem)):
                     log.warning("aiter.config_problem", **where, problem=problem)
@@ -241,6 +250,15 @@ class AiterMonitor:
                     )
             for mod in p.modules:
                 key = f"{p.tree}|{p.environment}|{mod.module}"
+                for bad in mod.broken:  # the boot dies on it; no rebuild fixes it
+                    if new(("broken", str(bad.table), str(bad.line), bad.reason)):
+                        log.error(
+                            "aiter.table_row_broken",
+                            path=str(bad.table),
+                            line=bad.line,
+                            module=mod.module,
+                            reason=bad.reason,
+                        )
                 if mod.status is plan.Status.UNCOVERED:
                     uncovered.add(key)
                 if not new(

@@ -9,15 +9,25 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from hal0_reconciler import fsio
-from hal0_reconciler.aiter import plan, registry, resolve, routing, tables, target
+from hal0_reconciler.aiter import (
+    installed,
+    plan,
+    registry,
+    resolve,
+    routing,
+    tables,
+    target,
+)
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store
 
 _FileKey = tuple[str, tuple[int, int, int, int]]
+_TableKey = tuple[_FileKey, str, frozenset[tables.Target], tuple[str, ...]]
+_Merged = tuple[dict[PurePath, frozenset[int]], int]
 
 
 @dataclass(frozen=True)
@@ -65,14 +75,20 @@ def routing_text(settings: Settings) -> str:
     )
 
 
+TARGET_VARIABLES = frozenset({"GPU_ARCHS", "CU_NUM"})
+"""Variables that change which rows aiter compiles or looks up (besides ``AITER_*``)."""
+
+
 def environments(tree: AiterTree, slots: list[SlotEnv]) -> list[Environment]:
-    """The base environment plus each slot whose env sets an ``AITER_*`` variable (over base)."""
+    """The base environment plus each slot whose env sets an ``AITER_*`` variable, ``GPU_ARCHS``
+    or ``CU_NUM`` (over base)."""
     envs = [Environment(tree, "base", dict(tree.base_env))]
     if tree.slot_envs:
         envs.extend(
             Environment(tree, f"slot:{slot.name}", {**tree.base_env, **slot.env})
             for slot in slots
-            if slot.env is not None and any(k.startswith("AITER_") for k in slot.env)
+            if slot.env is not None
+            and any(k.startswith("AITER_") or k in TARGET_VARIABLES for k in slot.env)
         )
     return envs
 
@@ -84,7 +100,13 @@ class Surveyor:
         self.settings = settings
         self.registry = registry.Registry(cache_file)
         self.table_reads = 0
-        self._tables: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
+        self._tables: dict[_TableKey, plan.TableSource] = {}
+        self.installs = installed.Installs()
+        self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
+        self._merges: dict[tuple[object, ...], _Merged] = {}
+        self._needs: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
+        self._needs_used: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
+        self._merges_used: dict[tuple[object, ...], _Merged] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
         self.last_slots: list[SlotEnv] = []
@@ -120,7 +142,7 @@ class Surveyor:
     ) -> list[plan.EnvPlan]:
         """Plan every environment of every tree. Reads only what changed since the last call."""
         slots = self.slot_envs()
-        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource] = {}
+        used: dict[_TableKey, plan.TableSource] = {}
         plans: list[plan.EnvPlan] = []
         modules_seen: list[Path] = []
         for tree in self.settings.aiter.trees:
@@ -128,20 +150,24 @@ class Surveyor:
                 env_plan = self._plan_env(environment, rules, memory, used, modules_seen)
                 plans.append(env_plan)
         self._tables = used
+        self._merges, self._merges_used = self._merges_used, {}
+        self._needs, self._needs_used = self._needs_used, {}
         self.registry.forget_missing(modules_seen)
         return plans
 
     def _plan_env(
         self,
         environment: Environment,
-        rules: routing.Routing,
+        rules_in: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
-        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource],
+        used: dict[_TableKey, plan.TableSource],
         modules_seen: list[Path],
     ) -> plan.EnvPlan:
         tree, env = environment.tree, environment.env
         label = tree_label(tree)
-        choice = target.choose_target(tree.target, env, kfd=self.kfd())
+        chosen, found = self.installs.choose(tree.package_dir)
+        ruleset = chosen.rules
+        choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
         jit = jit_dir_for(tree, env)
         configs = tree.package_dir / "configs"
         try:
@@ -155,25 +181,50 @@ class Surveyor:
                 configs_dir=configs,
                 overlay_names=overlays,
                 exists=lambda p: Path(p).is_file(),
+                rules=ruleset,
             )
-            for route in rules.tables
+            for route in rules_in.tables
         )
-        problems = [p for r in resolutions for p in r.problems]
+        problems = [*found.notes, *(p for r in resolutions for p in r.problems)]
         checked = choice.error is None and bool(choice.targets)
         sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
+            losers: dict[PurePath, frozenset[int]] = {}
             for res in resolutions:
+                feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
+                if not (res.route.compiled or feeds):
+                    continue
+                keys = self._merge_keys(configs, res.route.stem) if res.merged else ()
+                read = [self._table(f, res.route, choice.targets, used, keys) for f in res.loaded]
                 if res.route.compiled:
-                    sources.extend(
-                        self._table(f, res.route, choice.targets, used) for f in res.loaded
-                    )
+                    sources.extend(read)
+                if keys:
+                    lost, in_dups = self._merge(read, (str(choice), *keys))
+                    losers.update(lost)
+                    problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
+                for reg in feeds:
+                    for f in res.loaded:
+                        src = self._table(f, reg.route, choice.targets, used, ())
+                        if src.table is not None and (src.table.rows or src.table.broken):
+                            sources.append(src)  # only files with rows of its libtype
+            for reg in rules_in.registries:
+                sources.extend(
+                    self._table(f, reg.route, choice.targets, used, ())
+                    for f in _fixed_files(configs, reg.files)
+                )
+            if choice.why_apart:
+                problems.append(
+                    f"{choice.why_apart}: rows only looked up are never compiled and never "
+                    "healed (set CU_NUM to the live CU count, or unset GPU_ARCHS)"
+                )
             modules = self._module_plans(
                 jit,
                 sources,
-                rules=rules,
+                rules=rules_in,
                 memory=memory,
-                target_label=str(choice),
+                choice=choice,
+                losers=losers,
                 modules_seen=modules_seen,
             )
         else:
@@ -188,7 +239,43 @@ class Surveyor:
             tuple(modules),
             tuple(problems),
             checked=checked,
+            rules=f"aiter {found.version or 'version unknown'}, rules {ruleset.name} "
+            f"(chosen by {chosen.how})",
+            rules_note=chosen.note,
         )
+
+    def _merge(
+        self, read: list[plan.TableSource], context: tuple[str, ...]
+    ) -> tuple[dict[PurePath, frozenset[int]], int]:
+        """The duplicate-shape merge of ``read`` (in order), computed once per change of them
+        (``context``: the targets and key columns they were read for)."""
+        files = [(s.file.path, s.table) for s in read if s.table is not None]
+        key = (context, *((str(path), table.digest) for path, table in files))
+        found = self._merges.get(key)
+        if found is None:
+            found = plan.merge_losers(files)
+        self._merges_used[key] = found
+        return found
+
+    def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
+        """aiter's duplicate-merge keys: the untuned sibling's columns + cu_num + gfx; none
+        (no merge) when the untuned file is absent."""
+        path = configs / f"{'untuned'.join(stem.rsplit('tuned', 1))}.csv"
+        ident = _identity(path)
+        cached = self._untuned.get(path)
+        if cached is not None and cached[0] == ident:
+            return cached[1]
+        keys: tuple[str, ...] = ()
+        if ident is not None:
+            try:
+                with path.open("rb") as fh:
+                    head = fh.readline(65536).decode("utf-8-sig", errors="replace")
+                cols = [c.strip() for c in head.strip().split(",") if c.strip()]
+                keys = tuple(dict.fromkeys([*cols, "cu_num", "gfx"]))
+            except OSError:
+                keys = ()
+        self._untuned[path] = (ident, keys)
+        return keys
 
     def _module_plans(
         self,
@@ -197,17 +284,43 @@ class Surveyor:
         *,
         rules: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
-        target_label: str,
+        choice: target.TargetChoice,
+        losers: dict[PurePath, frozenset[int]],
         modules_seen: list[Path],
     ) -> list[plan.ModulePlan]:
         """The verdict for every module the tables need, from what each ``.so`` registered."""
-        needs = plan.needed_names(sources)
+        key = (
+            str(choice),
+            *((str(s.file.path), s.route.stem, s.table.digest) for s in sources if s.table),
+            *sorted((str(p), tuple(sorted(lines))) for p, lines in losers.items()),
+        )
+        needs = self._needs.get(key)
+        if needs is None:  # an unchanged tree costs no pass over its rows
+            needs = plan.module_needs(
+                sources, lookup=choice.lookup, compiled=choice.compiled, losers=losers
+            )
+        self._needs_used[key] = needs
         modules: list[plan.ModulePlan] = []
         for module in sorted(needs):
             so = jit / f"{module}.so"
+            keyed = rules.by_module(module)[0].keyed
+            if keyed is routing.Keyed.ID:  # nothing to read: ids are not strings in the file
+                modules.append(
+                    plan.decide(
+                        module,
+                        keyed=keyed,
+                        needs=needs[module],
+                        facts=plan.ModuleFacts(so, exists=so.exists()),
+                        digest="",
+                        memory=None,
+                        heal_shape_keyed=False,
+                    )
+                )
+                continue
             modules_seen.append(so)
+            wanted = [*needs[module].names, *needs[module].unbuildable]
             try:
-                scan = self.registry.scan(so, needs[module])
+                scan = self.registry.scan(so, wanted)
                 facts = (
                     plan.ModuleFacts(so, exists=False)
                     if scan is None
@@ -218,10 +331,10 @@ class Surveyor:
             modules.append(
                 plan.decide(
                     module,
-                    keyed=rules.by_module(module)[0].keyed,
+                    keyed=keyed,
                     needs=needs[module],
                     facts=facts,
-                    digest=plan.module_digest(module, sources, target_label),
+                    digest=plan.module_digest(module, sources, str(choice)),
                     memory=memory.get(str(so)),
                     heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
                 )
@@ -233,11 +346,12 @@ class Surveyor:
         file: resolve.ResolvedFile,
         route: routing.TableRoute,
         targets: frozenset[tables.Target],
-        used: dict[tuple[_FileKey, str, frozenset[tables.Target]], plan.TableSource],
+        used: dict[_TableKey, plan.TableSource],
+        keys: tuple[str, ...],
     ) -> plan.TableSource:
         path = Path(file.path)
         try:
-            key = ((str(path), fsio.identity_of(path.stat())), route.stem, targets)
+            key = ((str(path), fsio.identity_of(path.stat())), route.stem, targets, keys)
         except OSError as exc:
             return plan.TableSource(file, route, error=exc.strerror or str(exc))
         cached = used.get(key) or self._tables.get(key)
@@ -246,7 +360,9 @@ class Surveyor:
                 data = path.read_bytes()
                 self.table_reads += 1
                 cached = plan.TableSource(
-                    file, route, table=tables.parse_table(data, route=route, targets=targets)
+                    file,
+                    route,
+                    table=tables.parse_table(data, route=route, targets=targets, key_columns=keys),
                 )
             except OSError as exc:
                 cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
@@ -256,6 +372,25 @@ class Surveyor:
             cached = plan.TableSource(file, route, cached.table, cached.error)
         used[key] = cached
         return cached
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        return fsio.identity_of(path.stat())
+    except OSError:
+        return None
+
+
+def _fixed_files(configs: Path, patterns: tuple[str, ...]) -> list[resolve.ResolvedFile]:
+    """The files fixed globs under ``configs/`` name (sorted, as aiter's generator globs them)."""
+    found: list[resolve.ResolvedFile] = []
+    for pattern in patterns:
+        found.extend(
+            resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
+            for p in sorted(configs.glob(pattern))
+            if p.is_file()
+        )
+    return list({f.path: f for f in found}.values())
 
 
 def _read_slot(path: Path) -> SlotEnv:

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from hal0_reconciler.aiter import routing
 from hal0_reconciler.errors import ReconcilerError
@@ -39,16 +40,45 @@ class Target:
 
 @dataclass(frozen=True)
 class KernelRow:
-    """One kernel name a table references, on one (1-based, header = line 1) line."""
+    """One kernel name (or id, for id-keyed modules) a table references, on one line
+    (1-based, header = line 1), and the target of its row (None: the column is absent)."""
 
     name: str
     line: int
     module: str
+    gfx: str | None = None
+    cu_num: int | None = None
+
+    def on(self, targets: frozenset[Target]) -> bool:
+        """Whether this row is for one of ``targets``."""
+        return any(
+            (self.gfx is None or t.gfx == self.gfx)
+            and (self.cu_num is None or t.cu_num == self.cu_num)
+            for t in targets
+        )
+
+
+@dataclass(frozen=True)
+class BrokenRow:
+    """A row that routes to a module but that no rebuild can make work."""
+
+    line: int
+    module: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One on-target row's duplicate-merge key and its ``us`` (inf when absent)."""
+
+    line: int
+    key: tuple[str, ...]
+    us: float
 
 
 @dataclass(frozen=True)
 class Table:
-    """The rows of one table kept for a target, with what was dropped and why."""
+    """The rows of one table kept for the targets, with what was dropped and why."""
 
     rows: tuple[KernelRow, ...]
     digest: str  # sha256 of the file's bytes
@@ -56,10 +86,21 @@ class Table:
     other_target_rows: int
     uncompiled_rows: int  # libtype not compiled into a module (asm, triton...), `_ZN`, or empty
     quirks: tuple[str, ...] = ()
+    broken: tuple[BrokenRow, ...] = ()
+    shapes: tuple[Shape, ...] = ()  # filled when key columns are given (duplicate merge)
 
 
-def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Target]) -> Table:
-    """Kernel rows of ``data`` for ``targets`` that compile into one of ``route``'s modules."""
+def parse_table(
+    data: bytes,
+    *,
+    route: routing.TableRoute,
+    targets: frozenset[Target],
+    key_columns: tuple[str, ...] = (),
+) -> Table:
+    """Kernel rows of ``data`` for ``targets`` that compile into one of ``route``'s modules.
+
+    With ``key_columns`` (aiter's duplicate-merge keys), each on-target row's key and ``us``.
+    """
     quirks: list[str] = []
     text = _decode(data, quirks)
     if not text.strip():
@@ -70,14 +111,18 @@ def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Ta
     header = [h.strip() for h in records[0][1]]
     index = {name: i for i, name in reversed(list(enumerate(header)))}
     name_cols = [index[c] for c in route.columns if c in index]
-    if not name_cols:
+    if not name_cols and route.keyed is not routing.Keyed.ID:  # no id: each opus row is broken
         wanted = " or ".join(route.columns)
         raise TableUnreadable(f"no {wanted} column (header: {','.join(header)[:200]})")
     lib_col = index.get("libtype")
     gfx_col = index.get("gfx")
     cu_col = index.get("cu_num")
+    key_cols = [index.get(c) for c in key_columns]
+    us_col = index.get("us")
     gfxs = {t.gfx for t in targets}
     rows: list[KernelRow] = []
+    broken: list[BrokenRow] = []
+    shapes: list[Shape] = []
     ragged: list[int] = []
     data_rows = other = uncompiled = 0
     for line, fields in records[1:]:
@@ -93,24 +138,103 @@ def parse_table(data: bytes, *, route: routing.TableRoute, targets: frozenset[Ta
         ):
             other += 1
             continue
+        where = {
+            "gfx": gfx if gfx_col is not None else None,
+            "cu_num": int(cu) if cu_col is not None else None,
+        }
+        if key_columns:
+            key = tuple(_norm(_field(fields, c)) for c in key_cols)
+            shapes.append(Shape(line, key, _us(fields, us_col)))
         libtype = _field(fields, lib_col) if lib_col is not None else None
-        kept = False
-        for col in name_cols:
-            name = _field(fields, col)
-            if not name:
-                continue
-            module = route.module_for(libtype, name)
-            if module is not None:
-                rows.append(KernelRow(name, line, module))
-                kept = True
-        if not kept:
+        reader = _id_row if route.keyed is routing.Keyed.ID else _name_row
+        found, bad = reader(route, libtype, [_field(fields, c) for c in name_cols], line, where)
+        rows.extend(found)
+        broken.extend(bad)
+        if not (found or bad):
             uncompiled += 1
     if ragged:
         shown = ", ".join(str(n) for n in ragged[:5]) + (" ..." if len(ragged) > 5 else "")
         quirks.append(f"{len(ragged)} ragged row(s) at line {shown} (read by position)")
     return Table(
-        tuple(rows), hashlib.sha256(data).hexdigest(), data_rows, other, uncompiled, tuple(quirks)
+        tuple(rows),
+        hashlib.sha256(data).hexdigest(),
+        data_rows,
+        other,
+        uncompiled,
+        tuple(quirks),
+        tuple(broken),
+        tuple(shapes),
     )
+
+
+_Found = tuple[list[KernelRow], list[BrokenRow]]
+
+
+def _name_row(
+    route: routing.TableRoute,
+    libtype: str | None,
+    names: list[str],
+    line: int,
+    where: dict[str, Any],
+) -> _Found:
+    """Name-keyed and shape-keyed tables: each non-empty name goes to its module. An empty name
+    in a row that compiles into a name-keyed module is broken: aiter reads it as 'nan'."""
+    rows: list[KernelRow] = []
+    broken: list[BrokenRow] = []
+    for name in names:
+        module = route.module_for(libtype, name)
+        if module is None:
+            continue
+        if name:
+            rows.append(KernelRow(name, line, module, **where))
+        elif route.keyed is routing.Keyed.NAME:
+            broken.append(BrokenRow(line, module, EMPTY_NAME))
+    return rows, broken
+
+
+def _id_row(
+    route: routing.TableRoute,
+    libtype: str | None,
+    ids: list[str],
+    line: int,
+    where: dict[str, Any],
+) -> _Found:
+    """Id-keyed modules: the first id column with a value (aiter: solidx, then kernelId)."""
+    module = route.modules.get((libtype or "").strip())
+    if module is None:
+        return [], []
+    value = next((v for v in ids if v), "")
+    try:
+        kid = float(value)
+        ok = kid.is_integer()
+    except (ValueError, OverflowError):
+        ok = False
+    if not ok:
+        return [], [BrokenRow(line, module, f"kernel id {value!r} is not an integer")]
+    return [KernelRow(str(int(kid)), line, module, **where)], []
+
+
+EMPTY_NAME = (
+    "empty kernelName: aiter reads it as 'nan', and both its code generator and the registry "
+    "lookup fail on it; no rebuild fixes it (fill in the kernel or delete the row)"
+)
+
+
+def _norm(value: str) -> str:
+    """A key cell as pandas compares it: numbers by value (``1`` == ``1.0``)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return repr(number) if number == number else value  # noqa: PLR0124 - NaN stays text
+
+
+def _us(fields: list[str], col: int | None) -> float:
+    try:
+        us = float(_field(fields, col))
+    except ValueError:
+        return float("inf")
+    return us if us == us else float("inf")  # noqa: PLR0124 - NaN sorts last, as in pandas
 
 
 def _on_target(gfx: str | None, cu: str, targets: frozenset[Target]) -> bool:

@@ -22,7 +22,7 @@ import structlog
 
 from hal0_reconciler import lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
-from hal0_reconciler.host import units
+from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
 
@@ -58,6 +58,7 @@ class Progress:
     slots: dict[SlotKey, dict[str, Any]] = field(default_factory=dict)
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
+    hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,20 @@ class Passes:
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
         self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        self._note_hal0(reconciler)
+
+    def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
+        """hal0's facts for the status; a source hal0 wrote in a shape we do not understand is a
+        problem (the newest known values stand in until it is fixed)."""
+        if reconciler.hal0_facts is not None:
+            described = hal0.describe(reconciler.hal0_facts)
+            with self.lock:
+                self.progress.hal0 = described
+        loud = [p.line() for p in reconciler.hal0_problems if p.not_understood]
+        if loud:
+            self.problem("hal0", "; ".join(loud))
+        else:
+            self.clear_problem("hal0")
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""

@@ -58,6 +58,7 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             # keyed by file name: unique in the folder, unlike display names
             "slots": {Path(k).name: e for k, e in p.slots.items()},
             "hands_off": hands_off,
+            "hal0": p.hal0,
         }
         last_pass_at = p.last_pass_at
         relabels = p.relabels_total
@@ -70,6 +71,13 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             "state": facts.lane.value,
             "reason": facts.lane_reason,
         }
+        credentials = facts.probe.credentials if facts.probe is not None else None
+        if credentials is not None:
+            snapshot["lane"]["probed_as"] = {
+                "user": credentials.user,
+                "uid": credentials.uid,
+                "why": credentials.why or None,
+            }
     snapshot["pending_restarts"] = src.pending_restarts
     health = src.health
     if health is not None:

@@ -29,7 +29,7 @@ from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import units
+from hal0_reconciler.host import hal0, units
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
@@ -159,7 +159,7 @@ class Runner:
         extra: dict[str, Any] = {}
         if self._observer_factory is not None:
             extra["observer_factory"] = self._observer_factory
-        return watch.Watcher(
+        watcher = watch.Watcher(
             slots_dir=settings.slots_dir.absolute(),
             dev_dir=settings.kfd_path.parent.absolute() if settings.watch_dev else None,
             kfd_name=settings.kfd_path.name,
@@ -170,6 +170,8 @@ class Runner:
             aiter_dirs=self._aiter.watch_paths(),
             **extra,
         )
+        watcher.set_hal0_files(hal0.hal0_paths(settings).watched())
+        return watcher
 
     def serve(self) -> int:
         """Run until ``request_stop``; returns the exit code."""
@@ -242,6 +244,7 @@ class Runner:
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
+            watcher.set_hal0_files(hal0.hal0_paths(self._settings).watched())  # a new venv
             due = resync_at is not None and now >= resync_at
             triggers = watcher.check(retry_failures=due)
             if watch.Trigger.OBSERVER_DIED in triggers:

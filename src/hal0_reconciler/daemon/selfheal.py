@@ -207,6 +207,11 @@ class SelfHeal:
                     for p, m in modules
                     if m.action is plan.Action.STUCK
                 ),
+                "fix_tables": sorted(  # rows no rebuild fixes: for a person, never healed
+                    f"{p.environment}:{m.module}"
+                    for p, m in modules
+                    if m.action is plan.Action.OPERATOR
+                ),
                 "refused": sorted({b for h in report.heals for b in h.refused}),
                 "errors": list(report.errors),
             }

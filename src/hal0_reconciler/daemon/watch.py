@@ -6,6 +6,9 @@ Watched, all non-recursive:
 - its parent: the slots directory itself deleted, created or moved means "everything";
 - the folder of the kfd node (``/dev``) and the DRI folder: nodes appearing, going, or changing
   mode/owner mean "re-probe the host";
+- the folders of hal0's own fact files (its VERSION and release link, ``schema.py``, the runner
+  table, hal0.toml, api.env, the manifests): a change of one of those files means "everything"
+  (a hal0 update can change the verdict on slot files that did not change);
 - the aiter folders (each tree's ``configs/``, ``configs/model_configs/`` and JIT folder; never
   ``build/``): any change there means "re-plan aiter". While aiter trees are configured, a slot
   file change also does (its ``[server].env`` may choose other tables or another JIT folder).
@@ -168,6 +171,8 @@ class Watcher(lifecycle.StartStop):
             self._watches.append(_Watch(dri_dir, _Handler(self._dri_keys, self._enqueue)))
         self._aiter_dirs: tuple[Path, ...] = ()
         self._aiter_handler = _Handler(self._aiter_keys, self._enqueue)
+        self._hal0_names: dict[Path, frozenset[str]] = {}
+        self._hal0_handler = _Handler(self._hal0_keys, self._enqueue)
         self.set_aiter_dirs(aiter_dirs)
 
     # -- event → keys (run on the observer thread) -----------------------------------------------
@@ -199,6 +204,8 @@ class Watcher(lifecycle.StartStop):
         return keys
 
     def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if self._hal0_keys(event):
+            return [Special.EVERYTHING]  # hal0.toml, api.env or the manifest beside the slots
         if event.event_type in _NO_CHANGE or event.event_type in {"modified", "closed"}:
             return []
         if not any(Path(p) == self._slots_dir for p in _paths(event)):
@@ -225,6 +232,15 @@ class Watcher(lifecycle.StartStop):
         # a close-write inside it (the probe's own open/close would loop forever).
         if any(Path(p).parent == self._dri_dir for p in _paths(event)):
             return [Special.HOST_FACTS]
+        return []
+
+    def _hal0_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        if event.event_type in _NO_CHANGE:
+            return []  # the reconciler's own reads of hal0's files
+        for raw in _paths(event):
+            path = Path(raw)
+            if path.name in self._hal0_names.get(path.parent, ()):
+                return [Special.EVERYTHING]
         return []
 
     def _aiter_keys(self, event: FileSystemEvent) -> list[WorkKey]:
@@ -277,6 +293,36 @@ class Watcher(lifecycle.StartStop):
             keep.append(watch)
         have = {w.path for w in keep if w.handler is self._aiter_handler}
         keep += [_Watch(path, self._aiter_handler) for path in wanted if path not in have]
+        self._watches = keep
+        self._schedule_missing(retry_failures=True)
+
+    def set_hal0_files(self, paths: Iterable[Path]) -> None:
+        """Watch the folders of exactly these hal0 fact files (main thread; an unchanged set
+        costs nothing). The slots' parent folder is watched already: its handler looks too."""
+        names: dict[Path, set[str]] = {}
+        for path in paths:
+            absolute = path.absolute()
+            names.setdefault(absolute.parent, set()).add(absolute.name)
+        wanted = {folder: frozenset(n) for folder, n in names.items()}
+        if wanted == self._hal0_names:
+            return
+        self._hal0_names = wanted
+        taken = {self._slots_dir, self._slots_dir.parent, *self._aiter_dirs}
+        if self._dev_dir is not None:
+            taken.add(self._dev_dir)
+        if self._dri_dir is not None:
+            taken.add(self._dri_dir)
+        folders = [f for f in wanted if f not in taken]
+        keep: list[_Watch] = []
+        for watch in self._watches:
+            if watch.handler is self._hal0_handler and watch.path not in folders:
+                if watch.handle is not None and self._observer is not None:
+                    with contextlib.suppress(Exception):
+                        self._observer.unschedule(watch.handle)
+                continue
+            keep.append(watch)
+        have = {w.path for w in keep if w.handler is self._hal0_handler}
+        keep += [_Watch(f, self._hal0_handler) for f in folders if f not in have]
         self._watches = keep
         self._schedule_missing(retry_failures=True)
 

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from hal0_reconciler import errors
-from hal0_reconciler.host import probe
+from hal0_reconciler.host import identity, probe
 from hal0_reconciler.model import Credentials, HostFacts, LaneState, ProbeResult
 
 if TYPE_CHECKING:
@@ -43,17 +44,23 @@ def gather(
 ) -> HostFacts:
     """Look at the host now. The lane is probed only on an AMD host, as the service user.
 
-    ``credentials`` default to ``settings.service_user`` resolved now; a user that cannot be
-    resolved gives an UNKNOWN lane whose probe carries the error. Never raises ProbeFailed.
+    ``credentials`` default to the slot services' identity (``host.identity``) resolved now; a
+    user that cannot be resolved gives an UNKNOWN lane whose probe carries the error. Never
+    raises ProbeFailed.
     """
     if not is_amd_host(settings):
         return host_facts(amd=False, result=None)
     if credentials is None:
+        who = identity.slot_runner(settings)
         try:
-            credentials = probe.resolve_credentials(settings.service_user)
+            credentials = dataclasses.replace(probe.resolve_credentials(who.spec), why=who.why)
         except errors.ProbeFailed as exc:
             unresolved = ProbeResult(
-                usable=False, credentials=None, kfd_ok=False, render_node=None, error=str(exc)
+                usable=False,
+                credentials=None,
+                kfd_ok=False,
+                render_node=None,
+                error=f"{exc} ({who.why})",
             )
             return host_facts(amd=True, result=unresolved)
     result = probe.probe_rocm_lane(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,13 +26,41 @@ class SlotDoc:
     backend: str | None  # the legacy `backend` value as written (None when absent)
     profile: str | None
     provider: str | None
-    image: str | None  # image_pin, else the legacy `image` string
+    image_pin: str | None  # `image_pin` as written (None when absent or not a string)
+    binary: str | None  # the runner key, as written
     server_env: Mapping[str, str] = field(default_factory=dict)  # [server].env
 
     @property
     def token(self) -> str:
         """The systemd unit token: `id` when set, else `name` (hal0-slot@<token>.service)."""
         return self.id or self.name
+
+    @property
+    def vulkan_candidate(self) -> bool:
+        """Matched exactly as hal0 matches it: ``device`` is literally ``"gpu-vulkan"``, or
+        there is no (or an empty) ``device`` and the legacy ``backend`` is literally
+        ``"vulkan"``. ``"Vulkan"`` or ``" gpu-vulkan "`` are not candidates: hal0 cannot load
+        such a device, and maps such a backend to ``cpu``."""
+        if self.raw_device:
+            return self.raw_device == model.Device.GPU_VULKAN
+        return self.backend == "vulkan"
+
+    @property
+    def unit_problem(self) -> str | None:
+        """Why hal0 could not run this slot under its name or id (None: it could).
+
+        Such a slot is never named to ``systemctl`` or in an API path."""
+        if not _NAME.fullmatch(self.name):
+            return f"name {self.name!r} breaks hal0's pattern {_NAME.pattern}"
+        if self.id is not None and not _ID.fullmatch(self.id):
+            return f"id {self.id!r} breaks hal0's pattern {_ID.pattern}"
+        return None
+
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+"""hal0's slot names."""
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""The ids hal0's privileged unit helper accepts."""
 
 
 _BACKEND_TO_DEVICE: Mapping[str, str] = {
@@ -97,7 +126,8 @@ def parse_slot(text: str, *, stem: str) -> SlotDoc:
         backend=backend,
         profile=_string(fields, "profile"),
         provider=_string(fields, "provider"),
-        image=_string(fields, "image_pin") or _string(fields, "image"),
+        image_pin=_string(fields, "image_pin"),
+        binary=_string(fields, "binary"),
         server_env=_server_env(data),
     )
 

@@ -1,17 +1,25 @@
 """The rule the reconciler enforces, as a pure decision.  [pure]
 
-On an AMD host only, a llama.cpp slot labelled ``gpu-vulkan`` moves to ``gpu-rocm`` when the
-ROCm lane is usable, else to ``cpu`` (a loud behaviour change), unless its effective image is
-Vulkan-validated. Nothing is ever relabelled back to ``gpu-vulkan``; other labels are left
-alone, except that a slot the reconciler itself demoted to ``cpu`` goes to ``gpu-rocm`` once
-the lane is usable again.
+On an AMD host only, a llama.cpp slot labelled ``gpu-vulkan`` (matched exactly, as hal0 matches
+it) whose effective image is not Vulkan-capable moves to ``gpu-rocm`` when the ROCm lane is
+usable, else to ``cpu`` (a loud behaviour change). A candidate whose image is capable is right
+as it is, whatever the lane says. Nothing is ever relabelled back to ``gpu-vulkan``; other labels
+are left alone, except that a slot the reconciler itself demoted to ``cpu`` goes to ``gpu-rocm``
+once the lane is usable again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
-from hal0_reconciler.model import Action, Device, HostFacts, LaneState, Reason, Runtime, Verdict
+from hal0_reconciler.model import (
+    Action,
+    Device,
+    HostFacts,
+    ImageResolution,
+    LaneState,
+    Reason,
+    Runtime,
+    Verdict,
+)
 from hal0_reconciler.slots.document import SlotDoc
 
 
@@ -19,19 +27,19 @@ def decide(
     slot: SlotDoc,
     *,
     runtime: Runtime,
-    image: str | None,
+    image: ImageResolution | None,
     facts: HostFacts,
-    validated_images: Collection[str],
     demoted_by_us: bool = False,
 ) -> Verdict:
-    """Keep or relabel one slot, with the reason."""
+    """Keep or relabel one slot, with the reason. ``image`` is the candidate's effective image
+    (None, or unresolved, counts as not capable: fail closed)."""
     old = slot.device
 
-    def keep(reason: Reason) -> Verdict:
-        return Verdict(Action.KEEP, reason, runtime, old)
+    def keep(reason: Reason, shown: ImageResolution | None = None) -> Verdict:
+        return Verdict(Action.KEEP, reason, runtime, old, image=shown)
 
-    def relabel(new: Device, reason: Reason) -> Verdict:
-        return Verdict(Action.RELABEL, reason, runtime, old, new.value)
+    def relabel(new: Device, reason: Reason, shown: ImageResolution | None = None) -> Verdict:
+        return Verdict(Action.RELABEL, reason, runtime, old, new.value, image=shown)
 
     if not facts.amd:
         return keep(Reason.NOT_AMD_HOST)
@@ -39,16 +47,16 @@ def decide(
         return Verdict(Action.SKIP, Reason.RUNTIME_UNRESOLVED, runtime, old)
     if runtime is not Runtime.LLAMA_SERVER:
         return keep(Reason.NOT_LLAMA_CPP)
-    if old == Device.CPU and demoted_by_us and facts.lane is LaneState.USABLE:
+    if slot.raw_device == Device.CPU and demoted_by_us and facts.lane is LaneState.USABLE:
         return relabel(Device.GPU_ROCM, Reason.RESTORE_OWN_DEMOTION)
-    if old != Device.GPU_VULKAN:
+    if not slot.vulkan_candidate:
         return keep(Reason.NOT_VULKAN)
-    if image is not None and image.strip() in validated_images:
-        return keep(Reason.VULKAN_VALIDATED_IMAGE)
+    if image is not None and image.capable:
+        return keep(Reason.VULKAN_CAPABLE_IMAGE, image)
     if facts.lane is LaneState.USABLE:
-        return relabel(Device.GPU_ROCM, Reason.VULKAN_RETIRED_ROCM_USABLE)
+        return relabel(Device.GPU_ROCM, Reason.NOT_CAPABLE_ROCM_USABLE, image)
     if facts.lane is LaneState.UNSETTLED:
-        return keep(Reason.DEMOTION_GRACE)
+        return keep(Reason.DEMOTION_GRACE, image)
     if facts.lane is LaneState.UNKNOWN:  # a probe that could not run proves nothing: no demotion
-        return keep(Reason.LANE_UNKNOWN)
-    return relabel(Device.CPU, Reason.VULKAN_RETIRED_ROCM_UNUSABLE)
+        return keep(Reason.LANE_UNKNOWN, image)
+    return relabel(Device.CPU, Reason.NOT_CAPABLE_ROCM_UNUSABLE, image)

@@ -131,16 +131,5 @@ def runtime_of(slot: SlotDoc, catalog: Catalog) -> Runtime:
     return Runtime.LLAMA_SERVER
 
 
-def effective_image(slot: SlotDoc, catalog: Catalog) -> str | None:
-    """The slot's ``image_pin``, else its legacy ``image`` string, else its profile's image."""
-    if slot.image:
-        return slot.image
-    if slot.profile:
-        profile = catalog.profiles.get(slot.profile)
-        if profile is not None:
-            return profile.image
-    return None
-
-
 def _text(value: Any) -> str | None:
     return value.strip() or None if isinstance(value, str) else None

@@ -1,0 +1,171 @@
+"""What the installed hal0 believes, read from its files on disk; fallbacks and their reasons."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.host import hal0
+from hal0_reconciler.slots import image
+from helpers.hal0_tree import C0822, C0824, C0826, ERAS, STRIX, Hal0Tree
+
+CPU_DIGEST = "sha256:" + "cd" * 32
+
+
+def load(tree: Hal0Tree, **extra: object) -> settings_mod.Settings:
+    return settings_mod.load(None, {**tree.settings(), **extra})
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_every_era_is_read_from_its_own_files(tmp_path: Path, era: str) -> None:
+    """Version, default image, capable and stale sets, runner table: each from the tree."""
+    tree = Hal0Tree(tmp_path).install(era)
+    read = hal0.read_facts(load(tree))
+    spec = ERAS[era]
+    assert () == read.problems
+    f = read.facts
+    assert (spec.version, spec.default) == (f.version, f.default_image)
+    assert frozenset({spec.fixed, *spec.extra_capable}) == f.capable
+    assert frozenset(spec.stale) == f.stale
+    assert spec.default == f.bundled["rocmfpx"]
+    assert {"cpu": "cpu", "flm": "flm"} == dict(f.manifest_keys)
+    assert str(tree.schema) + " (VULKAN_CAPABLE_IMAGE_REFS)" == f.sources["capable"]
+
+
+def test_a_missing_hal0_gives_the_newest_known_values_and_says_so(tmp_path: Path) -> None:
+    """No venv, no release: the newest known values, with a problem naming each source."""
+    read = hal0.read_facts(load(Hal0Tree(tmp_path)))
+    assert image.NEWEST_KNOWN.capable == read.facts.capable
+    assert image.NEWEST_KNOWN.default_image == read.facts.default_image
+    assert {"VERSION", "schema.py"} == {p.source for p in read.problems}
+    assert not any(p.not_understood for p in read.problems)
+    assert "newest known" in read.facts.sources["capable"]
+
+
+def test_a_schema_shape_not_understood_is_loud_and_specific(tmp_path: Path) -> None:
+    """A capable set built by a call is not guessed: that fact falls back, loudly, by line."""
+    tree = Hal0Tree(tmp_path).install("0824")
+    text = tree.schema.read_text().replace(
+        "VULKAN_CAPABLE_IMAGE_REFS: frozenset[str] = frozenset(",
+        "VULKAN_CAPABLE_IMAGE_REFS: frozenset[str] = _load_refs(",
+    )
+    tree.schema.write_text(text)
+    read = hal0.read_facts(load(tree))
+    (problem,) = read.problems
+    assert problem.not_understood
+    assert "VULKAN_CAPABLE_IMAGE_REFS" in problem.why
+    assert "call `_load_refs(" in problem.why
+    assert image.NEWEST_KNOWN.capable == read.facts.capable
+    assert C0824 == read.facts.default_image  # the rest of the file still counts
+
+
+def test_settings_override_each_set_outright(tmp_path: Path) -> None:
+    """A setting wins over the installed hal0 for the capable set, the stale set, the default."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    s = load(
+        tree,
+        vulkan_validated_images=["x:1"],
+        stale_images=[],
+        default_runner_image="y:2",
+    )
+    f = hal0.read_facts(s).facts
+    assert (frozenset({"x:1"}), frozenset(), "y:2") == (f.capable, f.stale, f.default_image)
+    assert "y:2" == f.bundled["rocmfpx"]
+    assert "setting vulkan_validated_images" == f.sources["capable"]
+
+
+def test_operator_files_default_images_environment_and_manifest(tmp_path: Path) -> None:
+    """hal0.toml's default_images, HAL0_TOOLBOX_IMAGE_* in api.env, the manifest's digest refs."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    tree.config.parent.mkdir(parents=True, exist_ok=True)
+    tree.config.write_text('[slots.default_images]\nrocmfpx = "ops:1"\nbad = 3\n')
+    tree.env_file.write_text(
+        "# hal0-api environment\nHAL0_ADMIN_KEY=secret\nHAL0_TOOLBOX_IMAGE_ROCMFPX='env:2'\n"
+    )
+    manifest = {
+        "toolbox_images": {
+            "cpu": {"tag": "ghcr.io/hal0ai/hal0-toolbox-cpu:v1", "digest": CPU_DIGEST},
+            "flm": {"tag": "ghcr.io/hal0ai/hal0-toolbox-flm:0.9.44", "digest": None},
+            "odd": "not a table",
+        }
+    }
+    (tree.release / "manifest.json").write_text(json.dumps(manifest))
+    read = hal0.read_facts(load(tree))
+    assert () == read.problems
+    f = read.facts
+    assert {"rocmfpx": "ops:1"} == dict(f.default_images)
+    assert {"HAL0_TOOLBOX_IMAGE_ROCMFPX": "env:2"} == dict(f.environment)  # no secrets kept
+    assert {
+        "cpu": f"ghcr.io/hal0ai/hal0-toolbox-cpu@{CPU_DIGEST}",
+        "flm": "ghcr.io/hal0ai/hal0-toolbox-flm:0.9.44",
+    } == dict(f.manifest)
+
+
+def test_the_etc_manifest_wins_over_the_release_one(tmp_path: Path) -> None:
+    tree = Hal0Tree(tmp_path).install("0826")
+    tree.config.parent.mkdir(parents=True, exist_ok=True)
+    (tree.config.parent / "manifest.json").write_text('{"toolbox_images": {"cpu": {"tag": "a:1"}}}')
+    (tree.release / "manifest.json").write_text('{"toolbox_images": {"cpu": {"tag": "b:2"}}}')
+    assert {"cpu": "a:1"} == dict(hal0.read_facts(load(tree)).facts.manifest)
+
+
+@pytest.mark.parametrize(
+    ("where", "content", "source"),
+    [
+        ("config", b"[slots\n", "hal0.toml"),
+        ("manifest", b"{not json", "manifest"),
+        ("schema", b"\xff\xfe", "schema.py"),
+        ("runners", b"RUNNER_IMAGES = (", "runners"),
+        ("schema", b"x" * (5 * 1024 * 1024), "schema.py"),
+    ],
+)
+def test_broken_sources_are_problems_never_crashes(
+    tmp_path: Path, where: str, content: bytes, source: str
+) -> None:
+    """Invalid TOML/JSON, undecodable or oversized files: one problem naming the source."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    path = {
+        "config": tree.config,
+        "manifest": tree.release / "manifest.json",
+        "schema": tree.schema,
+        "runners": tree.runners,
+    }[where]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    read = hal0.read_facts(load(tree))
+    assert [source] == [p.source for p in read.problems]
+
+
+def test_a_fifo_in_place_of_a_source_does_not_block(tmp_path: Path) -> None:
+    """A FIFO named schema.py is refused without opening it for a blocking read."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    tree.schema.unlink()
+    os.mkfifo(tree.schema)
+    read = hal0.read_facts(load(tree))
+    assert ["schema.py"] == [p.source for p in read.problems]
+    assert "not a regular file" in read.problems[0].why
+
+
+def test_the_newest_python_folder_in_the_venv_is_read(tmp_path: Path) -> None:
+    """After a Python upgrade a venv may hold python3.11 and python3.12: the newer one counts."""
+    tree = Hal0Tree(tmp_path).install("0822")
+    newer = tree.venv / "lib/python3.12/site-packages/hal0"
+    newer.parent.mkdir(parents=True)
+    Hal0Tree(tmp_path / "other").install("0826").package.rename(newer)
+    assert C0826 == hal0.read_facts(load(tree)).facts.default_image
+
+
+def test_the_reader_rereads_only_what_changed(tmp_path: Path) -> None:
+    """An unchanged tree is the same facts object (stat calls only); an update is seen."""
+    tree = Hal0Tree(tmp_path).install("0822")
+    reader = hal0.Hal0Reader(load(tree))
+    first = reader.read()
+    assert first is reader.read()
+    tree.install("0826")
+    second = reader.read()
+    assert (C0822, C0826) == (first.facts.default_image, second.facts.default_image)
+    assert STRIX in second.facts.capable
