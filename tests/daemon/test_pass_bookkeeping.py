@@ -19,6 +19,7 @@ from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import device_of, slot_text
+from helpers.hal0_tree import Hal0Tree
 
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
 UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
@@ -48,6 +49,7 @@ class Bench:
         self.root = tmp_path
         self.slots = tmp_path / "slots"
         self.slots.mkdir()
+        self.hal0 = Hal0Tree(tmp_path).install("ade07ba")  # unpinned gpu-vulkan is not capable
         self.facts = USABLE
         self.clock = FakeClock()
         self.built: list[Settings] = []
@@ -75,6 +77,7 @@ class Bench:
             "profiles_file": str(self.root / "profiles.toml"),
             "lock_timeout": 2.0,
             "demote_grace": 0,
+            **self.hal0.settings(),
         }
         values.update(overrides)
         return settings_mod.load(None, values)

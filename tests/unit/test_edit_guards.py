@@ -52,4 +52,4 @@ def test_a_full_rewrite_that_does_not_re_parse_is_refused(monkeypatch: pytest.Mo
     edit is refused (a wrong rewrite must never reach the slot file)."""
     monkeypatch.setattr(edit.tomli_w, "dumps", lambda _data: 'device = "gpu-vulkan"\n')
     with pytest.raises(errors.EditRefused, match="does not re-parse identically"):
-        edit.set_device('slot = { device = "gpu-vulkan" }\n', table=("slot",), new="cpu")
+        edit.set_device('slot.device.lane = "vulkan"\n', table=("slot",), new="cpu")
