@@ -201,3 +201,40 @@ def test_a_slot_change_also_re_plans_aiter_only_when_trees_are_watched(
         slot.write_text("x = 1\n")
         wait_until(lambda: SlotKey(str(slot)) in keys.seen, what="the slot's key")
     assert with_aiter == (Special.AITER in keys.seen)
+
+
+def _events():  # type: ignore[no-untyped-def]
+    from watchdog import events
+
+    return events
+
+
+def test_the_slots_folder_itself_going_means_everything(tree: Path) -> None:
+    """Seen from the slots folder's own watch: the folder deleted or moved away means a full
+    pass; the folder merely modified (a file saved inside) does not."""
+    ev = _events()
+    slots = str(tree / "etc/slots")
+    watcher = _watcher(tree, Keys())
+    assert [Special.EVERYTHING] == watcher._slot_keys(ev.DirDeletedEvent(slots))
+    assert [Special.EVERYTHING] == watcher._slot_keys(ev.DirMovedEvent(slots, slots + ".old"))
+    assert [] == watcher._slot_keys(ev.DirModifiedEvent(slots))
+
+
+def test_the_parent_watch_sees_the_slots_folder_come_and_go(tree: Path) -> None:
+    """Seen from the parent's watch: the slots folder created, deleted or moved in means a full
+    pass and a re-watch; it being modified, or another folder changing, means nothing."""
+    ev = _events()
+    slots = str(tree / "etc/slots")
+    watcher = _watcher(tree, Keys())
+    assert [] == watcher._slots_parent_keys(ev.DirModifiedEvent(slots))
+    assert [] == watcher._slots_parent_keys(ev.DirCreatedEvent(str(tree / "etc/other")))
+    assert [] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/notes.txt")))
+    assert not watcher._folder_changed.is_set()
+    for event in (
+        ev.DirCreatedEvent(slots),
+        ev.DirDeletedEvent(slots),
+        ev.DirMovedEvent(str(tree / "etc/new-slots"), slots),
+    ):
+        watcher._folder_changed.clear()
+        assert [Special.EVERYTHING] == watcher._slots_parent_keys(event), event
+        assert watcher._folder_changed.is_set(), f"{event} does not re-watch the folder"
