@@ -238,3 +238,16 @@ def test_the_parent_watch_sees_the_slots_folder_come_and_go(tree: Path) -> None:
         watcher._folder_changed.clear()
         assert [Special.EVERYTHING] == watcher._slots_parent_keys(event), event
         assert watcher._folder_changed.is_set(), f"{event} does not re-watch the folder"
+
+
+def test_a_hal0_file_beside_the_slots_folder_means_everything(tree: Path) -> None:
+    """hal0.toml in the slots folder's parent changing means every slot is judged again;
+    reading it does not, and another file there means nothing."""
+    ev = _events()
+    hal0_toml = tree / "etc/hal0.toml"
+    watcher = _watcher(tree, Keys())
+    watcher.set_hal0_files([hal0_toml])
+    assert [Special.EVERYTHING] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(hal0_toml)))
+    assert [] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
+    opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})  # watchdog >= 2.2
+    assert [] == watcher._slots_parent_keys(opened(str(hal0_toml)))
