@@ -510,3 +510,24 @@ def test_the_metrics_carry_restart_results_and_aiter_counters(
     assert (3, 4, 5) == (m.aiter_modules_uncovered, m.aiter_heals, m.aiter_check_failures)
     text = (tmp_path / "m" / "hal0.prom").read_text()
     assert 'result="restarted"} 2' in text, "restarts missing from the metrics textfile"
+
+
+def test_the_status_says_what_hal0_believes_and_when_it_cannot_be_understood(
+    tmp_path: Path,
+) -> None:
+    """After a pass the status carries the installed hal0's facts (its version); a hal0 file
+    that cannot be understood is a problem until it is fixed."""
+    bench = Bench(tmp_path)
+    bench.slot("agent")
+    bench.full()
+    assert (bench.passes.progress.hal0 or {}).get("version") == "0.9.9", (
+        f"the status lacks hal0's facts: {bench.passes.progress.hal0}"
+    )
+    schema = next(bench.hal0.venv.rglob("config/schema.py"))
+    good = schema.read_text()
+    schema.write_text("IMAGES = (\n")  # cut short: not Python
+    bench.full()
+    assert "hal0" in bench.passes.progress.problems, "a garbled hal0 file is no problem"
+    schema.write_text(good)
+    bench.full()
+    assert "hal0" not in bench.passes.progress.problems, "a fixed hal0 problem stays"
