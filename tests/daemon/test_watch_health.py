@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -251,3 +252,32 @@ def test_a_hal0_file_beside_the_slots_folder_means_everything(tree: Path) -> Non
     assert [] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
     opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})  # watchdog >= 2.2
     assert [] == watcher._slots_parent_keys(opened(str(hal0_toml)))
+
+
+def test_stopping_the_watcher_stops_its_observer(tree: Path) -> None:
+    """Leaving the watcher joins the observer thread: nothing keeps watching after stop()."""
+    observers = Observers()
+    with _watcher(tree, Keys(), observer_factory=observers):
+        pass
+    assert not observers.made[0].is_alive(), "the observer still runs after stop()"
+
+
+def test_an_aiter_folder_no_longer_wanted_is_unwatched(tree: Path) -> None:
+    """A tree dropped from the settings: its folder is no longer watched and its changes no
+    longer mean "re-plan aiter"; the folders still wanted stay watched."""
+    kept, dropped = tree / "aiter/configs", tree / "old-aiter/configs"
+    kept.mkdir(parents=True)
+    dropped.mkdir(parents=True)
+    keys = Keys()
+    with _watcher(tree, keys, aiter_dirs=[kept, dropped]) as watcher:
+        watcher.set_aiter_dirs([kept])
+        watched = watcher.health().watched
+        assert str(kept) in watched
+        assert str(dropped) not in watched, "a dropped aiter folder is still watched"
+        (dropped / "x_tuned_gemm.csv").write_text("gfx\n")
+        (kept / "y_tuned_gemm.csv").write_text("gfx\n")
+        wait_until(lambda: Special.AITER in keys.seen, what="the kept folder's event")
+        keys.seen.clear()
+        (dropped / "z_tuned_gemm.csv").write_text("gfx\n")
+        threading.Event().wait(0.5)  # time for an event that must not come
+    assert [] == keys.seen, f"a dropped aiter folder still reports changes: {keys.seen}"
