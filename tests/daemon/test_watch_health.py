@@ -281,3 +281,38 @@ def test_an_aiter_folder_no_longer_wanted_is_unwatched(tree: Path) -> None:
         (dropped / "z_tuned_gemm.csv").write_text("gfx\n")
         threading.Event().wait(0.5)  # time for an event that must not come
     assert [] == keys.seen, f"a dropped aiter folder still reports changes: {keys.seen}"
+
+
+def test_an_aiter_folder_added_while_running_is_watched_at_once(tree: Path) -> None:
+    """A tree added by a reload is watched right away, not at the next resync."""
+    configs = tree / "aiter/configs"
+    configs.mkdir(parents=True)
+    keys = Keys()
+    with _watcher(tree, keys) as watcher:
+        watcher.set_aiter_dirs([configs])
+        assert str(configs) in watcher.health().watched, "a new aiter folder waits for a resync"
+        (configs / "x_tuned_gemm.csv").write_text("gfx\n")
+        wait_until(lambda: Special.AITER in keys.seen, what="the new folder's event")
+
+
+def test_changing_the_watched_folders_retries_a_failed_watch(tree: Path) -> None:
+    """A watch that failed (EMFILE) is retried whenever the set of folders changes."""
+    FailsOnce.failures = 0
+    configs = tree / "aiter/configs"
+    configs.mkdir(parents=True)
+    with _watcher(tree, Keys(), observer_factory=FailsOnce) as watcher:
+        assert "polling" == watcher.health().mode
+        watcher.set_aiter_dirs([configs])
+        assert ("inotify", {}) == (watcher.health().mode, watcher.health().failures)
+
+
+def test_hal0_files_in_watched_folders_add_no_second_watch(tree: Path) -> None:
+    """hal0 files whose folder is watched already (slots parent, /dev, the DRI folder) share
+    that watch: every folder is watched once."""
+    keys = Keys()
+    with _watcher(tree, keys) as watcher:
+        watcher.set_hal0_files(
+            [tree / "etc/hal0.toml", tree / "dev/hal0.manifest", tree / "dev/dri/x.toml"]
+        )
+        watched = watcher.health().watched
+        assert len(watched) == len(set(watched)), f"a folder is watched twice: {watched}"
