@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import shutil
 import threading
 from collections.abc import Iterable
@@ -272,7 +273,7 @@ def test_an_aiter_folder_no_longer_wanted_is_unwatched(tree: Path) -> None:
     with _watcher(tree, keys, aiter_dirs=[kept, dropped]) as watcher:
         watcher.set_aiter_dirs([kept])
         watched = watcher.health().watched
-        assert str(kept) in watched
+        assert 1 == watched.count(str(kept)), f"a kept aiter folder is not watched once: {watched}"
         assert str(dropped) not in watched, "a dropped aiter folder is still watched"
         (dropped / "x_tuned_gemm.csv").write_text("gfx\n")
         (kept / "y_tuned_gemm.csv").write_text("gfx\n")
@@ -316,3 +317,28 @@ def test_hal0_files_in_watched_folders_add_no_second_watch(tree: Path) -> None:
         )
         watched = watcher.health().watched
         assert len(watched) == len(set(watched)), f"a folder is watched twice: {watched}"
+
+
+def test_hal0_folders_follow_the_set_of_hal0_files(tree: Path) -> None:
+    """set_hal0_files watches the folders of exactly the files given: a folder no longer needed
+    is unwatched, a new one watched once, each file's change means everything."""
+    ev = _events()
+    old_dir, new_dir = tree / "usr/lib/hal0/current", tree / "opt/hal0"
+    old_dir.mkdir(parents=True)
+    new_dir.mkdir(parents=True)
+    keys = Keys()
+    before = logging.getLogger("watchdog.observers.inotify_c").handlers[:]
+    with _watcher(tree, keys) as watcher:
+        watcher.set_hal0_files([old_dir / "VERSION"])
+        assert str(old_dir) in watcher.health().watched
+        watcher.set_hal0_files([new_dir / "VERSION", new_dir / "manifest.json"])
+        watched = watcher.health().watched
+        assert str(old_dir) not in watched, f"a folder no longer needed is watched: {watched}"
+        assert 1 == watched.count(str(new_dir)), f"the new folder is not watched once: {watched}"
+        watcher.set_hal0_files([new_dir / "VERSION", new_dir / "manifest.json"])
+        assert watched == watcher.health().watched, "an unchanged set changed the watches"
+        mapped = watcher._hal0_keys(ev.FileModifiedEvent(str(new_dir / "manifest.json")))
+        assert [Special.EVERYTHING] == mapped
+        assert [] == watcher._hal0_keys(ev.FileModifiedEvent(str(old_dir / "VERSION")))
+    after = logging.getLogger("watchdog.observers.inotify_c").handlers
+    assert before == after, "the stopped watcher left its overflow handler on watchdog's logger"
