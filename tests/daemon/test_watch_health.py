@@ -328,13 +328,17 @@ def test_hal0_folders_follow_the_set_of_hal0_files(tree: Path) -> None:
     new_dir.mkdir(parents=True)
     keys = Keys()
     before = logging.getLogger("watchdog.observers.inotify_c").handlers[:]
-    with _watcher(tree, keys) as watcher:
-        watcher.set_hal0_files([old_dir / "VERSION"])
+    observers = Observers()
+    with _watcher(tree, keys, observer_factory=observers) as watcher:
+        watcher.set_hal0_files([old_dir / "VERSION", new_dir / "VERSION"])
         assert str(old_dir) in watcher.health().watched
         watcher.set_hal0_files([new_dir / "VERSION", new_dir / "manifest.json"])
         watched = watcher.health().watched
         assert str(old_dir) not in watched, f"a folder no longer needed is watched: {watched}"
         assert 1 == watched.count(str(new_dir)), f"the new folder is not watched once: {watched}"
+        assert str(tree / "etc/slots") in watched, "changing hal0 files dropped another watch"
+        emitters = observers.made[0].emitters
+        assert len(watched) == len(emitters), "an unwatched folder still holds an inotify watch"
         watcher.set_hal0_files([new_dir / "VERSION", new_dir / "manifest.json"])
         assert watched == watcher.health().watched, "an unchanged set changed the watches"
         mapped = watcher._hal0_keys(ev.FileModifiedEvent(str(new_dir / "manifest.json")))
