@@ -111,6 +111,7 @@ def test_a_recreated_slots_folder_is_watched_again(tree: Path) -> None:
         wait_until(lambda: Special.EVERYTHING in keys.seen, what="EVERYTHING for the folder")
         assert Trigger.REWATCHED in watcher.check(), "the new slots folder was not re-watched"
         assert str(slots) in watcher.health().watched
+        assert [] == watcher.check(), "a re-watch is asked for again on every look"
         keys.seen.clear()
         (slots / "agent.toml").write_text("x = 1\n")
         wait_until(
@@ -346,3 +347,68 @@ def test_hal0_folders_follow_the_set_of_hal0_files(tree: Path) -> None:
         assert [] == watcher._hal0_keys(ev.FileModifiedEvent(str(old_dir / "VERSION")))
     after = logging.getLogger("watchdog.observers.inotify_c").handlers
     assert before == after, "the stopped watcher left its overflow handler on watchdog's logger"
+
+
+def test_device_events_mean_a_re_probe_only_for_the_nodes(tree: Path) -> None:
+    """/dev: the kfd node or the DRI folder appearing or going means re-probe (a re-created DRI
+    folder is also re-watched); other nodes, reads, and other folders mean nothing. In the DRI
+    folder any node's change means re-probe, the folder's own modification does not."""
+    ev = _events()
+    dev, dri = tree / "dev", tree / "dev/dri"
+    opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})
+    watcher = _watcher(tree, Keys())
+    assert [Special.HOST_FACTS] == watcher._dev_keys(ev.FileCreatedEvent(str(dev / "kfd")))
+    assert not watcher._folder_changed.is_set(), "a new kfd node asked for a re-watch"
+    assert [Special.HOST_FACTS] == watcher._dev_keys(ev.DirCreatedEvent(str(dri)))
+    assert watcher._folder_changed.is_set(), "a re-created DRI folder is not re-watched"
+    assert [] == watcher._dev_keys(ev.FileCreatedEvent(str(dev / "null")))
+    assert [] == watcher._dev_keys(ev.FileCreatedEvent(str(tree / "elsewhere/kfd")))
+    assert [] == watcher._dev_keys(opened(str(dev / "kfd")))
+    assert [Special.HOST_FACTS] == watcher._dri_keys(ev.FileCreatedEvent(str(dri / "renderD128")))
+    assert [] == watcher._dri_keys(ev.DirModifiedEvent(str(dri)))
+    assert [] == watcher._dri_keys(opened(str(dri / "renderD128")))
+
+
+def test_reads_in_watched_folders_mean_nothing(tree: Path) -> None:
+    """The daemon's own reads (opened, closed without writing) of hal0's files and aiter's
+    tables never come back as work."""
+    ev = _events()
+    opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})
+    hal0_toml = tree / "etc/hal0.toml"
+    watcher = _watcher(tree, Keys())
+    watcher.set_hal0_files([hal0_toml])
+    assert [] == watcher._hal0_keys(opened(str(hal0_toml)))
+    assert [] == watcher._hal0_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
+    assert [] == watcher._aiter_keys(opened(str(tree / "aiter/configs/x.csv")))
+    assert [Special.AITER] == watcher._aiter_keys(ev.FileModifiedEvent(str(tree / "x.csv")))
+
+
+def test_an_overflow_wakes_the_main_loop(tree: Path) -> None:
+    """Lost events are acted on at once: the overflow warning wakes the main loop."""
+    keys = Keys()
+    with _watcher(tree, keys):
+        wakes = keys.wakes
+        logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed")
+        assert keys.wakes > wakes, "an overflow did not wake the main loop"
+
+
+class FailsSilently(Observer):  # type: ignore[misc, valid-type]
+    """An observer whose schedule() fails with an OSError that carries no message."""
+
+    def schedule(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError
+
+
+def test_a_watch_failure_without_a_message_is_named_by_its_type(tree: Path) -> None:
+    """health() names every failure: an OSError with no text is called "OSError"."""
+    with _watcher(tree, Keys(), observer_factory=FailsSilently) as watcher:
+        assert {"OSError"} == set(watcher.health().failures.values())
+
+
+def test_changing_hal0_files_retries_a_failed_watch(tree: Path) -> None:
+    """A watch that failed (EMFILE) is retried when the set of hal0 files changes too."""
+    FailsOnce.failures = 0
+    with _watcher(tree, Keys(), observer_factory=FailsOnce) as watcher:
+        assert "polling" == watcher.health().mode
+        watcher.set_hal0_files([tree / "opt/hal0/VERSION"])
+        assert ("inotify", {}) == (watcher.health().mode, watcher.health().failures)
