@@ -10,30 +10,26 @@
 - ``json`` otherwise and for pipelines.
 
 Only structlog APIs that exist in 22.3 (Debian 12) are used.
+
+structlog (which imports asyncio) is imported when the first event is logged, not before:
+modules take their logger from ``get_logger`` (a proxy), and ``configure`` is applied then. A
+command that logs nothing (``plan``, ``status``) never pays for it.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import re
 import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
-import structlog
-
+from hal0_reconciler import console
 from hal0_reconciler.settings import LogFormat
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
 # sd-daemon(3) priorities by structlog method / level name
 _PRIORITY = {
     "critical": 2,
@@ -50,6 +46,13 @@ _BARE = re.compile(r"^[A-Za-z0-9_.,:/@+%=-]+$")
 SYSLOG_IDENTIFIER = "hal0-reconciler"
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
+
+
+def drop_none(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """A field with no value is left out: ``None`` is Python's word, not an operator's."""
+    for key in [k for k, v in event_dict.items() if v is None]:
+        del event_dict[key]
+    return event_dict
 
 
 def journal_stream_is_stderr(stream: TextIO | None = None) -> bool:
@@ -156,29 +159,40 @@ def _journal_send() -> Callable[..., Any] | None:
     return send
 
 
-class _StdlibJournalFormatter(logging.Formatter):
-    """stdlib records (watchdog's) as one prefixed line too."""
+class _LazyLogger:
+    """A logger that imports structlog on its first use (``structlog.get_logger`` once there)."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        priority = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4}.get(record.levelno, 3)
-        text = super().format(record).replace("\n", "\\n")
-        return f"<{priority}>{text}"
+    __slots__ = ("_args", "_real")
 
+    def __init__(self, *args: Any) -> None:
+        self._args = args
+        self._real: Any = None
 
-class _StdlibJsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        payload = {
-            "event": record.getMessage(),
-            "logger": record.name,
-            "level": record.levelname.lower(),
-        }
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload)
+    def __getattr__(self, name: str) -> Any:
+        real = self._real
+        if real is None:
+            real = self._real = _structlog().get_logger(*self._args)
+        return getattr(real, name)
 
 
-class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The stdlib handler this module installs (the one a second ``configure`` replaces)."""
+def get_logger(*args: Any) -> Any:
+    """``structlog.get_logger(*args)``, without importing structlog until an event is logged."""
+    return _LazyLogger(*args)
+
+
+_pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
+
+
+def _structlog() -> Any:
+    """structlog, with the configuration given to ``configure`` applied on first import."""
+    global _pending  # noqa: PLW0603 - one process-wide logging setup
+    import structlog  # noqa: PLC0415 - on first use: asyncio and friends cost ~50 ms
+
+    if _pending is not None:
+        fmt, level = _pending
+        _pending = None
+        _apply(fmt, level)
+    return structlog
 
 
 def configure(fmt: LogFormat, level: str) -> LogFormat:
@@ -186,13 +200,35 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
 
     Safe to call again (the daemon does on SIGHUP when ``log_format``/``log_level`` changed):
     structlog is reconfigured and only the stdlib handler installed here is replaced; handlers
-    others added to the root logger stay.
+    others added to the root logger stay. Applied now when structlog is already loaded, else
+    when the first event is logged.
     """
+    global _pending  # noqa: PLW0603 - one process-wide logging setup
     resolved = resolve_format(fmt)
+    if "structlog" in sys.modules:
+        _pending = None
+        _apply(resolved, level)
+    else:
+        _pending = (resolved, level)
+    return resolved
+
+
+def _apply(resolved: LogFormat, level: str) -> None:
+    import logging  # noqa: PLC0415 - see _structlog
+
+    import structlog  # noqa: PLC0415 - see _structlog
+
+    from hal0_reconciler._logstd import (  # noqa: PLC0415
+        _OurHandler,
+        _StdlibJournalFormatter,
+        _StdlibJsonFormatter,
+    )
+
     threshold = _LEVELS.get(level.lower(), logging.INFO)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
+        drop_none,
     ]
     logger_factory: Callable[..., Any]
     processors: list[Processor]
@@ -211,7 +247,7 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         processors = [
             *shared,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(),
+            structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
         logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
@@ -236,4 +272,12 @@ def configure(fmt: LogFormat, level: str) -> LogFormat:
         old.close()
     root.addHandler(handler)
     root.setLevel(max(threshold, logging.WARNING))
-    return resolved
+
+
+def __getattr__(name: str) -> Any:
+    """The stdlib classes, from ``_logstd`` (imported on first use)."""
+    if name in {"_OurHandler", "_StdlibJournalFormatter", "_StdlibJsonFormatter"}:
+        from hal0_reconciler import _logstd  # noqa: PLC0415
+
+        return getattr(_logstd, name)
+    raise AttributeError(name)

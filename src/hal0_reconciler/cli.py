@@ -1,35 +1,120 @@
-"""The command line: `hal0-reconciler once | plan | probe | run | status | aiter ...`.
+"""The command line: `hal0-reconciler once | plan | probe | run | status | reload | aiter ...`.
 
-Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings,
-the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
--detailed-exitcode).
+Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings or
+usage, the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
+-detailed-exitcode); 3 a slot file could not be judged (`once`, `plan`). `status` follows the
+LSB (3 not running, 4 unknown). Each verb's ``--help`` ends with its own table (``_EXITS``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import structlog
-
-from hal0_reconciler import __version__, _log, settings
+from hal0_reconciler import __version__, _log, console, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import hal0, units
+from hal0_reconciler.host import hal0
 from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
 from hal0_reconciler.reconcile import Outcome, OutcomeStatus, PassReport, Reconciler
 from hal0_reconciler.state import DemotionLedger
 
-_cli_log = structlog.get_logger("hal0_reconciler.cli")
+_cli_log = _log.get_logger("hal0_reconciler.cli")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_PENDING = 2
+EXIT_UNJUDGED = 3  # a slot file could not be judged (once, plan): distinct from "pending"
+JSON_SCHEMA = 1  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+
+# Slot outcomes that mean "this file could not be judged": a person has to look at it.
+_UNJUDGED = frozenset({OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR, OutcomeStatus.SKIPPED})
+
+# Each verb's exit codes, printed at the end of its --help.
+_EXITS: dict[str, tuple[tuple[int, str], ...]] = {
+    "once": (
+        (0, "every slot judged, every change written"),
+        (
+            1,
+            (
+                "error: settings or usage, slots folder missing, a write failed, the probe "
+                "could not run as the service user"
+            ),
+        ),
+        (
+            3,
+            (
+                "a slot file could not be judged (not TOML, not UTF-8, not a regular file, "
+                "runtime unresolved)"
+            ),
+        ),
+    ),
+    "plan": (
+        (0, "nothing pending"),
+        (1, "error: settings or usage, slots folder missing"),
+        (2, "changes pending"),
+        (3, "a slot file could not be judged (takes precedence over 2)"),
+    ),
+    "probe": (
+        (0, "the ROCm lane is usable by the service user"),
+        (1, "not usable, not an AMD host, or error"),
+    ),
+    "run": ((0, "stopped (SIGTERM, SIGINT)"), (1, "could not start")),
+    "status": (
+        (0, "running and healthy"),
+        (1, "running but degraded or unhealthy, or its status is stale"),
+        (3, "not running"),
+        (4, "status unknown (the status file cannot be read)"),
+    ),
+    "reload": (
+        (0, "the new settings are live (their first full pass is done)"),
+        (1, "refused: the daemon keeps its old settings (the journal says why); or no answer"),
+        (3, "not running, or it exited during the reload"),
+    ),
+    "aiter plan": (
+        (0, "nothing to do"),
+        (1, "error, or a module whose heal cannot converge"),
+        (2, "a heal is pending"),
+    ),
+    "aiter heal": ((0, "healed or nothing to do"), (1, "error"), (2, "refused: a build runs")),
+    "aiter restore": ((0, "restored"), (1, "error")),
+    "aiter explain": ((0, "explained"), (1, "not found in any table, or error")),
+}
+
+_EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "plan": (
+        ("hal0-reconciler plan", "what the next pass would change on this host"),
+        (
+            "hal0-reconciler plan --assume-amd --assume-rocm=unusable",
+            "preview a lost ROCm lane",
+        ),
+        ("hal0-reconciler plan --json | jq .slots", "the same as data"),
+    ),
+    "once": (("hal0-reconciler once --no-restart", "relabel now; restart the slots yourself"),),
+    "status": (("hal0-reconciler status --json", "what monitoring reads"),),
+    "run": (("systemctl reload hal0-reconciler", "re-read the settings (SIGHUP)"),),
+}
+
+# Completion hints for shtab (plain data: shtab is a build-time tool, not imported here).
+_COMPLETE_FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+_COMPLETE_DIR = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+_DIR_DESTS = frozenset(
+    {
+        "slots_dir",
+        "dri_dir",
+        "amdgpu_module_dir",
+        "state_dir",
+        "runtime_dir",
+        "package_dir",
+        "jit_dir",
+    }
+)
 
 # --flag -> settings field; every host path is configurable from the command line.
 _PATH_FLAGS = {
@@ -47,73 +132,218 @@ _PATH_FLAGS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--config", type=Path, help="settings file (default /etc/hal0/reconciler.toml)"
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one error prefix, and exit 1 for a usage error: argparse's own 2
+    would read as "changes pending" to a script running `plan`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        console.error(f"{message} (see {self.prog} --help)")
+        raise SystemExit(EXIT_ERROR)
+
+
+def _path_arg(text: str) -> Path:
+    """A path option; an empty one would silently mean the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a path must not be empty (it would mean this folder)")
+    return Path(text)
+
+
+def _epilog(verb: str) -> str:
+    lines: list[str] = []
+    if verb in _EXAMPLES:
+        lines.append("examples:")
+        lines += [f"  {cmd}\n      {what}" for cmd, what in _EXAMPLES[verb]]
+        lines.append("")
+    lines.append("exit status:")
+    for code, text in _EXITS[verb]:
+        lines += textwrap.wrap(
+            text, width=79, initial_indent=f"  {code}  ", subsequent_indent=" " * 5
+        )
+    return "\n".join(lines)
+
+
+def _common_options() -> _Parser:
+    """The options every verb takes, in one help group."""
+    common = _Parser(add_help=False)
+    group = common.add_argument_group(
+        "common options", "every verb takes these; a flag wins over the settings file"
+    )
+    group.add_argument(
+        "--config",
+        type=_path_arg,
+        metavar="FILE",
+        help="settings file (default /etc/hal0/reconciler.toml)",
     )
     for field, text in _PATH_FLAGS.items():
-        common.add_argument("--" + field.replace("_", "-"), dest=field, type=Path, help=text)
-    common.add_argument(
+        group.add_argument(
+            "--" + field.replace("_", "-"), dest=field, type=_path_arg, metavar="PATH", help=text
+        )
+    group.add_argument(
         "--user",
         dest="service_user",
         help="service user the probe runs as (name or uid[:gid[:groups]])",
     )
-    common.add_argument("--log-format", choices=[f.value for f in settings.LogFormat])
-    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    common.add_argument(
+    group.add_argument(
+        "--log-format",
+        choices=[f.value for f in settings.LogFormat],
+        help="log lines on stderr: journal under systemd, console on a terminal, else json "
+        "(default auto)",
+    )
+    group.add_argument(
+        "--log-level", choices=settings.CHOICES["log_level"], help="least severe level logged"
+    )
+    group.add_argument(
+        "--no-color",
+        "--no-colour",
+        dest="no_color",
+        action="store_true",
+        help="no colour (also: NO_COLOR=1, TERM=dumb; never into a file or pipe)",
+    )
+    group.add_argument(
         "--set",
         dest="assignments",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override any top-level setting, e.g. --set demote_grace=10",
+        help="override any setting, nested ones dotted: --set demote_grace=10 "
+        "--set aiter.heal=false",
     )
+    return common
 
-    parser = argparse.ArgumentParser(
+
+def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
+    common = _common_options()
+
+    parser = _Parser(
         prog="hal0-reconciler",
         description="Keep hal0 slot device labels and aiter's compiled registry true to the host.",
+        epilog="Run 'hal0-reconciler VERB --help' for a verb's options and exit codes.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    once = verbs.add_parser("once", parents=[common], help="one reconcile pass, then exit")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
+
+    def verb(name: str, text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = verbs.add_parser(
+            name,
+            parents=[common],
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+        )  # the epilog (exit codes) and the short usage line come from _finish
+        return sub
+
+    once = verb("once", "one reconcile pass over every slot, then exit")
     once.add_argument(
         "--no-restart",
         action="store_true",
         help="do not restart active slots whose label changed (they keep serving on the old lane)",
     )
-    plan = verbs.add_parser("plan", parents=[common], help="dry run: what would change and why")
+    once.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    plan = verb("plan", "dry run: per slot, what would change and why")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     amd = plan.add_mutually_exclusive_group()
-    amd.add_argument("--assume-amd", dest="assume_amd", action="store_const", const=True)
-    amd.add_argument("--assume-not-amd", dest="assume_amd", action="store_const", const=False)
-    plan.add_argument("--assume-rocm", choices=["usable", "unusable"], help="skip the probe")
-    verbs.add_parser("probe", parents=[common], help="print the host facts and the probe verdict")
-    verbs.add_parser("run", parents=[common], help="the daemon (systemd Type=notify)")
-    verbs.add_parser("status", parents=[common], help="report on the running daemon")
-    try:
+    amd.add_argument(
+        "--assume-amd",
+        dest="assume_amd",
+        action="store_const",
+        const=True,
+        help="plan as if this were an AMD host (amdgpu loaded)",
+    )
+    amd.add_argument(
+        "--assume-not-amd",
+        dest="assume_amd",
+        action="store_const",
+        const=False,
+        help="plan as if this were not an AMD host",
+    )
+    plan.add_argument(
+        "--assume-rocm",
+        choices=["usable", "unusable"],
+        help="take this ROCm-lane verdict instead of probing",
+    )
+    probe = verb("probe", "print the host facts and the ROCm-lane verdict for the service user")
+    probe.add_argument("--json", action="store_true", help="machine-readable output")
+    verb("run", "the daemon (systemd Type=notify; SIGHUP re-reads the settings)")
+    status = verb("status", "report on the running daemon from its status file")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    reload = verb("reload", "reload the daemon's settings and wait until they are live")
+    reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
+    reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
+    if with_aiter:
         from hal0_reconciler.aiter import cli as aiter_cli
-    except ImportError:  # pragma: no cover - the aiter verbs are optional during development
-        pass
-    else:
+
         aiter_cli.add_parser(verbs, parents=[common])
+    else:  # the aiter verbs load their whole engine: only when the command line may be one
+        verbs.add_parser("aiter", help="aiter compiled-registry self-heal (plan|heal|...)")
+    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
     return parser
 
 
+_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status", "reload"})
+
+
+def _needs_aiter(argv: Sequence[str]) -> bool:
+    """Whether the command line may be an ``aiter`` one (or asks for the full help)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first not in _LIGHT_VERBS
+
+
+def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
+    """The verb's usage line with its own options, the common ones as one ``[common options]``
+    (each is listed once, in its help group)."""
+    own = [a for a in parser._actions if a.dest not in common]  # noqa: SLF001
+    formatter = parser._get_formatter()  # noqa: SLF001
+    groups = parser._mutually_exclusive_groups  # noqa: SLF001
+    formatter.add_usage(None, own, groups, prefix="usage: ")
+    text = formatter.format_help().strip().removeprefix("usage: ")
+    return text.replace("[-h]", "[-h] [common options]", 1)
+
+
+def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]) -> None:
+    """Walk the verb tree: exit codes in every verb's epilog (the aiter verbs register their
+    own parsers; subparsers inherit ``_Parser``, so one error prefix) and completion hints."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+        if action.dest in _DIR_DESTS:
+            setattr(action, "complete", _COMPLETE_DIR)  # noqa: B010 - shtab reads this attribute
+        elif action.type is _path_arg or action.dest == "routing_file":
+            setattr(action, "complete", _COMPLETE_FILE)  # noqa: B010
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                full = f"{path} {name}".strip()
+                if sub.epilog is None and full in _EXITS:
+                    sub.epilog = _epilog(full)
+                    sub.formatter_class = argparse.RawDescriptionHelpFormatter
+                if full in _EXITS:
+                    sub.usage = _short_usage(sub, common)
+                _finish(sub, full, common=common)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_aiter=_needs_aiter(argv))
     args = parser.parse_args(argv)
+    if args.no_color:
+        console.refuse_colour()
     try:
         overrides = _overrides(args)
-        current = settings.load(args.config, overrides)
+        try:
+            current = settings.load(args.config, overrides)
+        except SettingsError:
+            if args.verb != "reload":
+                raise
+            # `reload` only needs the runtime folder: the daemon judges the new file itself
+            # (and refuses it, keeping its old settings, which `reload` then reports)
+            current = settings.Settings()
+            if args.runtime_dir is not None:
+                current = dataclasses.replace(current, runtime_dir=args.runtime_dir)
     except ReconcilerError as exc:
-        print(f"hal0-reconciler: {exc}", file=sys.stderr)
+        console.error(str(exc))
         return EXIT_ERROR
     _log.configure(current.log_format, current.log_level)
     try:
         return _dispatch(args, current, overrides)
     except ReconcilerError as exc:
-        print(f"hal0-reconciler: {exc}", file=sys.stderr)
+        console.error(str(exc))
         return EXIT_ERROR
     except BrokenPipeError:  # `hal0-reconciler plan | head`: the reader left, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)  # no flush into the closed pipe at exit
@@ -126,11 +356,11 @@ def _dispatch(
 ) -> int:
     verb: str = args.verb
     if verb == "once":
-        return _once(current, restart=not args.no_restart)
+        return _once(current, restart=not args.no_restart, as_json=args.json)
     if verb == "plan":
         return _plan(current, args)
     if verb == "probe":
-        return _probe(current)
+        return _probe(current, as_json=args.json)
     if verb == "run":
         from hal0_reconciler.daemon import runner
 
@@ -138,8 +368,21 @@ def _dispatch(
     if verb == "status":
         from hal0_reconciler.daemon import status
 
+        if args.json:
+            doc, code = status.report_json(current)
+            console.dump_json({"schema": JSON_SCHEMA, **doc})
+            return code
         text, code = status.report(current)
         print(text)
+        return code
+    if verb == "reload":
+        from hal0_reconciler.daemon import status
+
+        text, code = status.reload(current, pid=args.pid, timeout=args.timeout)
+        if code != status.EXIT_OK:
+            print(text, file=sys.stderr)
+        elif sys.stdout.isatty():  # under systemd (ExecReload) success says nothing
+            print(text)
         return code
     from hal0_reconciler.aiter import cli as aiter_cli
 
@@ -150,9 +393,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for item in args.assignments:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key.strip()] = value
+        parts = [part.strip() for part in key.split(".")]
+        if not sep or not all(parts):
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE (nested: TABLE.KEY=VALUE)")
+        table = overrides
+        for part in parts[:-1]:  # aiter.heal=false -> {"aiter": {"heal": "false"}}
+            inner = table.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise SettingsError(f"--set {item!r}: {part!r} is set as a value already")
+            table = inner
+        table[parts[-1]] = value
     for field in (*_PATH_FLAGS, "service_user", "log_format", "log_level"):
         value = getattr(args, field, None)
         if value is not None:
@@ -170,29 +420,106 @@ def _require_slots_dir(current: settings.Settings) -> None:
         raise SettingsError(f"slots directory {folder} cannot be read")
 
 
-def _once(current: settings.Settings, *, restart: bool) -> int:
+def _once(current: settings.Settings, *, restart: bool, as_json: bool = False) -> int:
+    from hal0_reconciler.host import units
+
     _require_slots_dir(current)
     facts = host_facts.gather(current)
-    if facts.amd and facts.lane is LaneState.UNKNOWN:
+    probe_failed = facts.amd and facts.lane is LaneState.UNKNOWN
+    if probe_failed:
         _cli_log.error(
             "host.probe_failed", reason=facts.lane_reason, effect="no slot is demoted to cpu"
         )
     ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
     report = Reconciler(current, ledger=ledger).reconcile(facts)
-    for outcome in report.relabeled:  # an active slot keeps its old devices until restarted
+    # an active slot keeps its old devices until restarted; one systemctl call asks for all
+    changed = [o for o in report.relabeled if o.name is not None and o.token is not None]
+    states = units.active_states(current, [o.token for o in changed if o.token is not None])
+    for outcome in changed:
         if outcome.name is None or outcome.token is None:
             continue
         request = units.RestartRequest(name=outcome.name, token=outcome.token)
         if restart:
-            units.apply_change(current, request)
-        elif units.is_active(current, outcome.token):
+            units.apply_change(current, request, active=states[outcome.token])
+        elif states[outcome.token]:
             _cli_log.warning(
                 "unit.needs_reload",
                 slot=outcome.name,
                 unit=units.unit_name(outcome.token),
                 action="restart the slot in hal0 to apply its new device",
             )
-    return EXIT_ERROR if report.failed else EXIT_OK
+    if report.failed or probe_failed:
+        code = EXIT_ERROR
+    elif any(o.status in _UNJUDGED for o in report.outcomes):
+        code = EXIT_UNJUDGED
+    else:
+        code = EXIT_OK
+    if as_json:
+        console.dump_json(_once_json(report, facts, code))
+    elif sys.stdout.isatty():  # a person is reading; a pipe or the journal gets the logs only
+        print(_once_summary(report, facts))
+    return code
+
+
+def _once_counts(report: PassReport) -> dict[str, int]:
+    problems = {*_UNJUDGED, OutcomeStatus.WRITE_FAILED}
+    kept = {OutcomeStatus.UNCHANGED, OutcomeStatus.HANDS_OFF}
+    return {
+        "relabelled": len(report.relabeled),
+        "kept": sum(1 for o in report.outcomes if o.status in kept),
+        "problems": sum(1 for o in report.outcomes if o.status in problems),
+    }
+
+
+def _once_summary(report: PassReport, facts: HostFacts) -> str:
+    """What `once` did, for a person at a terminal: counts, then each change and problem."""
+    counts = _once_counts(report)
+    out = sys.stdout
+    lines = [_facts_line(facts)]
+    for o in report.outcomes:
+        v = o.verdict
+        label = f"{o.name} ({o.path.name})" if o.name else o.path.name
+        if o.status is OutcomeStatus.RELABELED and v is not None:
+            lines.append(
+                f"  {console.paint('relabelled', 'green', out)} {label}: {v.old} -> {v.new}"
+            )
+        elif o.status is OutcomeStatus.WRITE_FAILED:
+            lines.append(f"  {console.paint('not written', 'red', out)} {label}: {o.message}")
+        elif o.status in _UNJUDGED:
+            why = o.message or (v.reason.value if v is not None else o.status.value)
+            lines.append(
+                f"  {console.paint('problem', 'yellow', out)} {label}: {o.status.value}: {why}"
+            )
+    lines.append(
+        f"{counts['relabelled']} relabelled, {counts['kept']} kept, {counts['problems']} problem(s)"
+    )
+    return "\n".join(lines)
+
+
+def _once_json(report: PassReport, facts: HostFacts, code: int) -> dict[str, Any]:
+    slots = []
+    for o in report.outcomes:
+        if o.status is OutcomeStatus.GONE:
+            continue
+        v = o.verdict
+        slots.append(
+            {
+                "path": str(o.path),
+                "slot": o.name,
+                "status": o.status.value,
+                "device": v.old if v else None,
+                "new": v.new if v and o.status is OutcomeStatus.RELABELED else None,
+                "reason": v.reason.value if v else None,
+                "message": o.message,
+            }
+        )
+    return {
+        "schema": JSON_SCHEMA,
+        "host": _host_json(facts),
+        "slots": slots,
+        **_once_counts(report),
+        "exit_code": code,
+    }
 
 
 def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
@@ -204,11 +531,16 @@ def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     read = hal0.Hal0Read(
         reconciler.hal0_facts or hal0.read_facts(current).facts, reconciler.hal0_problems
     )
+    unjudged = sum(1 for o in report.outcomes if o.status in _UNJUDGED)
+    code = EXIT_UNJUDGED if unjudged else EXIT_PENDING if report.pending else EXIT_OK
     if args.json:
-        print(json.dumps(_plan_json(report, facts, read), indent=2))
+        doc = _plan_json(report, facts, read)
+        console.dump_json({**doc, "unjudged": unjudged, "exit_code": code})
     else:
         print(_plan_table(report, facts, read))
-    return EXIT_PENDING if report.pending else EXIT_OK
+        if unjudged:
+            print(f"{unjudged} slot file(s) could not be judged: see their REASON")
+    return code
 
 
 def _assumed_facts(
@@ -300,12 +632,25 @@ def _plan_table(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> st
     return "\n".join(lines)
 
 
+def _host_json(facts: HostFacts) -> dict[str, Any]:
+    if not facts.amd:
+        return {"amd": False, "rocm_lane": None, "reason": "not an AMD host"}
+    why = facts.lane_reason if facts.probe is not None else "assumed, not probed"
+    return {"amd": True, "rocm_lane": facts.lane.value, "reason": why}
+
+
 def _plan_json(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
     return {
-        "host": {"amd": facts.amd, "rocm_lane": facts.lane.value, "reason": facts.lane_reason},
+        "schema": JSON_SCHEMA,
+        "host": _host_json(facts),
         "hal0": _hal0_json(read),
         "slots": [
-            {"path": str(o.path), **row, "effective_image": _image_json(o), **_comments_lost(o)}
+            {
+                "path": str(o.path),
+                **{k: None if v in ("", "-") else v for k, v in row.items()},
+                "effective_image": _image_json(o),
+                **_comments_lost(o),
+            }
             for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
         ],
         "pending": len(report.pending),
@@ -351,25 +696,63 @@ def _image_json(outcome: Any) -> dict[str, Any] | None:
     }
 
 
-def _probe(current: settings.Settings) -> int:
-    facts = host_facts.gather(current)
-    read = hal0.read_facts(current)
-    print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
-    print("\n".join(_hal0_lines(read)))
-    for fact, source in sorted(read.facts.sources.items()):
-        print(f"  {fact}: {source}")
-    if not facts.amd:
-        print("ROCm lane: not probed (not an AMD host)")
-        return EXIT_ERROR
+def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
+    """What `probe` found, as data; the text output is printed from it."""
+    doc: dict[str, Any] = {
+        "schema": JSON_SCHEMA,
+        "amd": facts.amd,
+        "amdgpu_module_dir": str(current.amdgpu_module_dir),
+        "hal0": {**_hal0_json(read), "sources": dict(sorted(read.facts.sources.items()))},
+        "rocm_lane": facts.lane.value if facts.amd else None,
+        "reason": facts.lane_reason if facts.amd else "not an AMD host",
+        "service_user": None,
+        "failures": [],
+    }
     probe = facts.probe
     if probe is not None and probe.credentials is not None:
         c = probe.credentials
-        groups = ",".join(str(g) for g in c.groups)
-        print(f"probed as: {c.user} (uid {c.uid}, gid {c.gid}, groups {groups or '-'})")
-        print(f"  why this identity: {c.why or 'given'}")
-    print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
+        doc["service_user"] = {
+            "name": c.user,
+            "uid": c.uid,
+            "gid": c.gid,
+            "groups": c.groups,
+            "why": c.why,
+        }
     if probe is not None:
-        for failure in probe.failures:
-            errno_text = f" errno {failure.errno}" if failure.errno is not None else ""
-            print(f"  {failure.path}: {failure.kind.value}{errno_text}: {failure.message}")
-    return EXIT_OK if facts.lane is LaneState.USABLE else EXIT_ERROR
+        doc["render_node"] = probe.render_node
+        doc["failures"] = [
+            {"path": f.path, "kind": f.kind.value, "errno": f.errno, "message": f.message}
+            for f in probe.failures
+        ]
+    return doc
+
+
+def _probe(current: settings.Settings, *, as_json: bool = False) -> int:
+    facts = host_facts.gather(current)
+    read = hal0.read_facts(current)
+    code = EXIT_OK if facts.amd and facts.lane is LaneState.USABLE else EXIT_ERROR
+    doc = _probe_doc(current, facts, read)
+    if as_json:
+        console.dump_json({**doc, "exit_code": code})
+        return code
+    print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
+    print("\n".join(_hal0_lines(read)))
+    for fact, source in doc["hal0"]["sources"].items():
+        print(f"  {fact}: {source}")
+    if not facts.amd:
+        print("ROCm lane: not probed (not an AMD host)")
+        return code
+    user = doc["service_user"]
+    if user is not None:
+        groups = ",".join(str(g) for g in user["groups"])
+        print(
+            f"probed as: {user['name']} (uid {user['uid']}, gid {user['gid']}, "
+            f"groups {groups or '-'})"
+        )
+        print(f"  why this identity: {user['why'] or 'given'}")
+    print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
+    for failure in doc["failures"]:
+        errno = failure["errno"]
+        errno_text = f" errno {errno}" if errno is not None else ""
+        print(f"  {failure['path']}: {failure['kind']}{errno_text}: {failure['message']}")
+    return code

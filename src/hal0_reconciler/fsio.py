@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ def write_json(path: Path, payload: object, *, mode: int = 0o644, **dumps: Any) 
 
 def temp_path_for(path: Path) -> Path:
     """A temp name beside ``path``: hidden, marked and ending in .tmp (never a slot name)."""
-    return path.with_name(f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return path.with_name(f".{path.name}{TEMP_MARKER}{os.urandom(4).hex()}{TEMP_SUFFIX}")
 
 
 def is_own_temp(name: str) -> bool:
@@ -42,20 +42,27 @@ def is_own_temp(name: str) -> bool:
 
 def write_atomically(
     path: Path,
-    data: bytes,
+    data: bytes | Sequence[bytes],
     *,
     mode: int = 0o644,
     uid: int | None = None,
     gid: int | None = None,
+    sync_dir: bool = True,
 ) -> None:
-    """Replace ``path`` with ``data`` atomically and durably, with the given mode and owner."""
+    """Replace ``path`` with ``data`` atomically and durably, with the given mode and owner.
+
+    ``sync_dir=False`` leaves the folder's fsync to the caller, who does it once for a batch of
+    files (``fsync_directory``) before anything depends on the new names being durable. The
+    file's own bytes are always fsynced before the rename, so a crash leaves it old or new.
+    """
     tmp = temp_path_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in [data] if isinstance(data, bytes) else data:  # pieces: not joined
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
             os.fchmod(fd, mode)
@@ -67,7 +74,8 @@ def write_atomically(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_directory(path.parent)
+    if sync_dir:
+        fsync_directory(path.parent)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -7,15 +7,16 @@ runtimes, non-regular files) are reported once per file content, not on every pa
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from hal0_reconciler import fsio
+from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import (
     EditRefused,
     LockTimeout,
@@ -25,10 +26,10 @@ from hal0_reconciler.errors import (
 from hal0_reconciler.host import hal0
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, image, policy, runtime, store
+from hal0_reconciler.slots import document, edit, image, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
-_log = structlog.get_logger("hal0_reconciler.reconcile")
+_log = get_logger("hal0_reconciler.reconcile")
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -53,6 +54,7 @@ class Outcome:
     verdict: Verdict | None = None
     message: str | None = None
     unit_problem: str | None = None  # why the name or id is not one hal0 could run
+    errno: int | None = None  # a failed write's OSError errno (EROFS, EACCES, ...)
 
 
 def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
@@ -67,6 +69,13 @@ def _outcome(  # noqa: PLR0917 - the Outcome's own fields, in its order
     problem = doc.unit_problem
     token = doc.token if problem is None else None
     return Outcome(key, path, doc.name, token, status, verdict, message, problem)
+
+
+def _write_failed(
+    key: SlotKey, path: Path, doc: document.SlotDoc, verdict: Verdict, exc: Exception
+) -> Outcome:
+    failed = _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+    return dataclasses.replace(failed, errno=getattr(exc, "errno", None))
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,16 @@ class PassReport:
 _UNREAD = object()  # the profiles file has not been read yet
 
 
+_SAME = frozenset({OutcomeStatus.UNCHANGED, OutcomeStatus.SKIPPED, OutcomeStatus.PENDING})
+"""Outcomes an unchanged file gets again in the same context (kept with the file's parse)."""
+
+
+def _keyed(paths: Iterable[Path]) -> list[tuple[SlotKey, Path | str]]:
+    return [(slot_key(p), p) for p in paths]
+
+
 def slot_key(path: Path) -> SlotKey:
-    return SlotKey(str(path.absolute()))
+    return SlotKey(str(path if path.is_absolute() else path.absolute()))
 
 
 def _dry_write(
@@ -102,7 +119,9 @@ def _dry_write(
     if new is None:
         return OutcomeStatus.PENDING, None
     try:
-        result = edit.set_device(slot_file.data.decode("utf-8"), table=doc.table, new=new)
+        result = edit.set_device(
+            slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
+        )
     except EditRefused as exc:
         return OutcomeStatus.WRITE_FAILED, str(exc)
     return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
@@ -124,6 +143,8 @@ class Reconciler:
         self._unit_reported: dict[SlotKey, str] = {}
         self._catalog_reported: str | None = None
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
+        self._seen = seen.SeenSlots()
+        self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -135,6 +156,11 @@ class Reconciler:
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
+
+    @property
+    def own_demotions(self) -> int:
+        """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
+        return len(self._ledger.keys())
 
     def slot_paths(self) -> list[Path]:
         return store.list_slot_paths(self._settings.slots_dir)
@@ -151,27 +177,81 @@ class Reconciler:
         started = time.monotonic()
         self._refresh_catalog(quiet=not facts.amd)
         self._refresh_hal0(quiet=not facts.amd)
+        assert self.hal0_facts is not None  # noqa: S101 - just read
+        # what every verdict depends on besides the file: when it changes, every slot is judged
+        # again (from its cached parse when the file is unchanged)
+        self._seen.judge_with((facts.amd, facts.lane, self.hal0_facts, id(self._catalog)))
         outcomes = []
-        for path in self.slot_paths() if paths is None else paths:
-            key = slot_key(path)
+        keys = set()
+        folder = self._settings.slots_dir
+        for key, known in self._listing() if paths is None else _keyed(paths):
+            keys.add(key)
             if key in hands_off:
+                path = known if isinstance(known, Path) else folder / known
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
                 continue
+            demoted = key in self._ledger
+            same = None if demoted else self._seen.same_outcome(key, apply=apply)
+            if same is not None:  # a settled, unchanged file judged in this same context
+                outcomes.append(same)
+                continue
+            path = known if isinstance(known, Path) else folder / known
             outcome = self._reconcile_one(path, key, facts, apply=apply)
-            if facts.amd and apply:
-                self._report(outcome, facts)
+            self._seen.note_outcome(key, outcome, apply=apply, keep=outcome.status in _SAME)
             outcomes.append(outcome)
+        if paths is None:
+            self._seen.keep_only(keys)
+        outcomes = self._sync_folders(outcomes)
+        if facts.amd and apply:
+            for outcome in outcomes:
+                if self._reported_outcome.get(outcome.key) is not outcome:  # said already
+                    self._report(outcome, facts)
+                    self._reported_outcome[outcome.key] = outcome
         return PassReport(tuple(outcomes), time.monotonic() - started)
+
+    def _listing(self) -> list[tuple[SlotKey, Path | str]]:
+        """Every slot file's key (its path made absolute) and name: no Path object each."""
+        folder = self._settings.slots_dir
+        base = str(folder if folder.is_absolute() else folder.absolute())
+        prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
+        return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
+
+    def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """fsync each folder a file was renamed into, once for the whole pass, before anything
+        is reported or restarted; a folder that cannot be synced fails its relabels."""
+        folders = {o.path.parent for o in outcomes if o.status is OutcomeStatus.RELABELED}
+        failed: dict[Path, tuple[str, int | None]] = {}
+        for folder in sorted(folders):
+            try:
+                fsio.fsync_directory(folder)
+            except OSError as exc:
+                failed[folder] = (f"{folder}: the folder could not be synced: {exc}", exc.errno)
+        if not failed:
+            return outcomes
+        return [
+            dataclasses.replace(
+                o,
+                status=OutcomeStatus.WRITE_FAILED,
+                message=failed[o.path.parent][0],
+                errno=failed[o.path.parent][1],
+            )
+            if o.status is OutcomeStatus.RELABELED and o.path.parent in failed
+            else o
+            for o in outcomes
+        ]
 
     def forget(self, key: SlotKey) -> None:
         """A slot file went away: forget what was reported about it."""
         self._reported.pop(key, None)
         self._unit_reported.pop(key, None)
+        self._reported_outcome.pop(key, None)
+        self._seen.forget(key)
 
     # -- one file ---------------------------------------------------------------------------
 
     def _reconcile_one(self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool) -> Outcome:
-        read = self._read_and_decide(path, key, facts)
+        # a dry run previews the edit: it needs the bytes (still not parsed when unchanged)
+        read = self._read_and_decide(path, key, facts, fresh=not apply)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
@@ -181,6 +261,7 @@ class Reconciler:
             self._settle_ledger(key, verdict)
             return _outcome(key, path, doc, OutcomeStatus.UNCHANGED, verdict)
         if not apply:
+            assert slot_file is not None  # noqa: S101 - a dry run reads the bytes (fresh)
             status, note = _dry_write(slot_file, doc, verdict.new)
             return _outcome(key, path, doc, status, verdict, note)
         try:
@@ -192,25 +273,30 @@ class Reconciler:
             ):
                 return self._write_under_lock(path, key, facts)
         except (LockTimeout, OSError) as exc:
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+            return _write_failed(key, path, doc, verdict, exc)
 
     def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
-        # Re-read and decide again: another writer may have changed the file meanwhile.
-        read = self._read_and_decide(path, key, facts)
+        # Re-read and decide again: another writer may have changed the file meanwhile (the
+        # same bytes as a moment ago are not parsed again).
+        read = self._read_and_decide(path, key, facts, fresh=True)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
-        if verdict.action is not Action.RELABEL or verdict.new is None:
+        if verdict.action is not Action.RELABEL or verdict.new is None or slot_file is None:
             status = (
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return _outcome(key, path, doc, status, verdict)
         text = slot_file.data.decode("utf-8")
         try:
-            result = edit.set_device(text, table=doc.table, new=verdict.new)
-            store.replace_slot(path, result.text.encode("utf-8"), like=slot_file.stat)
+            result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+            # the folder is fsynced once for the whole pass (_sync_folders)
+            store.replace_slot(
+                path, result.text.encode("utf-8"), like=slot_file.stat, sync_dir=False
+            )
         except (EditRefused, WriteRefused, OSError) as exc:
-            return _outcome(key, path, doc, OutcomeStatus.WRITE_FAILED, verdict, str(exc))
+            return _write_failed(key, path, doc, verdict, exc)
+        self._seen.forget(key)  # the next look reads what was written
         if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
             self._ledger.record(key, slot=doc.name, old=verdict.old)
         elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
@@ -219,8 +305,26 @@ class Reconciler:
         return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
 
     def _read_and_decide(
-        self, path: Path, key: SlotKey, facts: HostFacts
-    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile] | Outcome:
+        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
+    ) -> tuple[document.SlotDoc, Verdict, store.SlotFile | None] | Outcome:
+        """The slot's document and verdict. ``fresh``: read the bytes now (under the lock);
+        else a file whose identity has not changed since a settled read is not read again
+        (the SlotFile is then None)."""
+        demoted = key in self._ledger
+
+        def decide(doc: document.SlotDoc) -> Verdict:
+            return self._decide(doc, facts, demoted=demoted)
+
+        if not fresh:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                pass  # read_slot says what is wrong
+            else:
+                hit = self._seen.by_identity(key, st, demoted=demoted, decide=decide)
+                if hit is not None:
+                    return hit.doc, hit.verdict, None
+        read_at = time.time_ns()
         try:
             slot_file = store.read_slot(path)
         except FileNotFoundError:
@@ -228,26 +332,40 @@ class Reconciler:
             self._ledger.drop(key)  # a new file at this path is not the slot we demoted
             return Outcome(key, path, None, None, OutcomeStatus.GONE)
         except WriteRefused as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.NOT_REGULAR, message=str(exc))
         except OSError as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        data, st = slot_file.data, slot_file.stat
+        hit = self._seen.by_content(
+            key, data, st, read_at_ns=read_at, demoted=demoted, decide=decide
+        )
+        if hit is not None:
+            return hit.doc, hit.verdict, slot_file
         try:
-            text = slot_file.data.decode("utf-8")
+            text = data.decode("utf-8")
             doc = document.parse_slot(text, stem=path.stem)
         except UnicodeDecodeError as exc:
-            message = f"not UTF-8: {exc}"
+            self._seen.forget(key)
+            message = f"not UTF-8 text (byte {exc.start} is not valid UTF-8)"
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
         except SlotParseError as exc:
+            self._seen.forget(key)
             return Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=str(exc))
+        verdict = decide(doc)
+        self._seen.remember(key, data, st, doc, verdict, read_at_ns=read_at, demoted=demoted)
+        return doc, verdict, slot_file
+
+    def _decide(self, doc: document.SlotDoc, facts: HostFacts, *, demoted: bool) -> Verdict:
         assert self.hal0_facts is not None  # noqa: S101 - read at the start of every pass
-        verdict = policy.decide(
+        return policy.decide(
             doc,
             runtime=runtime.runtime_of(doc, self._catalog),
             image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
             facts=facts,
-            demoted_by_us=key in self._ledger,
+            demoted_by_us=demoted,
         )
-        return doc, verdict, slot_file
 
     def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:
         """Forget a demotion of ours once the operator moved the slot off ``cpu``."""
@@ -342,7 +460,10 @@ class Reconciler:
                 _log.warning("slot.comments_lost", **fields, reason=o.message)
             return
         if o.status is OutcomeStatus.WRITE_FAILED:
-            _log.error("slot.write_failed", **fields, error=o.message)
+            if self._cancelled is not None and self._cancelled():  # an orderly stop, not an error
+                _log.info("slot.write_abandoned", **fields, reason="stopping", error=o.message)
+            else:
+                _log.error("slot.write_failed", **fields, error=o.message)
             return
         problem: tuple[object, ...] | None = None
         if o.status in (OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR):

@@ -7,6 +7,7 @@ setting, so tests run against temp dirs. An unknown key is an error that names t
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
 import tomllib
@@ -126,6 +127,45 @@ class Settings:
         return self.lock_file if self.lock_file is not None else Path(f"{self.slots_dir}.lock")
 
 
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric setting (both ends included)."""
+
+    low: float
+    high: float
+    unit: str = "seconds"
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int | float) and self.low <= value <= self.high  # nan: False
+
+    def __str__(self) -> str:
+        return f"{self.low:g} to {self.high:g}" + (f" {self.unit}" if self.unit else "")
+
+
+# Every numeric setting has a range (dotted names for nested tables): a zero interval busy-loops,
+# a negative window means nothing. tests/unit/test_settings_ranges.py checks none is missing.
+RANGES: dict[str, Range] = {
+    "lock_timeout": Range(0.1, 3600),
+    "probe_timeout": Range(0.5, 300),
+    "resync_interval": Range(0.5, 86400),
+    "settle_window": Range(0.01, 60),
+    "settle_cap": Range(0.01, 600),
+    "demote_grace": Range(0, 86400),
+    "fight_limit": Range(1, 1000, "relabels"),
+    "fight_window": Range(1, 86400),
+    "stuck_after": Range(0.5, 86400),
+    "api_timeout": Range(0.1, 300),
+    "restart_min_interval": Range(0, 86400),
+    "aiter.keep_quarantines": Range(0, 1000, "quarantines"),
+    "aiter.settle_window": Range(0.01, 600),
+}
+
+# Text settings with a closed set of values (enum settings list theirs themselves).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "log_level": ("debug", "info", "warning", "error"),
+}
+
+
 def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Read settings from ``path`` (default: /etc/hal0/reconciler.toml when it exists).
 
@@ -139,8 +179,50 @@ def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -
             raw = _read_toml(candidate)
     else:
         raw = _read_toml(path)
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return _build(Settings, raw, where="")
+    _merge(raw, overrides or {})
+    built = _build(Settings, raw, where="")
+    if built.settle_cap < built.settle_window:
+        raise SettingsError(
+            f"setting 'settle_cap' = {built.settle_cap:g} is out of range: allowed "
+            f"{built.settle_window:g} (settle_window) to {RANGES['settle_cap'].high:g} seconds"
+        )
+    return built
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """Overrides win key by key; a nested table (``aiter``) is merged, not replaced."""
+    for key, value in extra.items():
+        if value is None:
+            continue
+        current = base.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            merged = dict(current)
+            _merge(merged, value)
+            base[key] = merged
+        else:
+            base[key] = value
+
+
+def setting_names(cls: type[Any] = Settings, where: str = "") -> list[str]:
+    """Every settable name, nested ones dotted (``aiter.heal``)."""
+    names: list[str] = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            names += setting_names(hint, f"{where}{f.name}.")
+        else:
+            names.append(where + f.name)
+    return names
+
+
+def _unknown(name: str) -> SettingsError:
+    names = setting_names()
+    leaf = name.rpartition(".")[2]
+    close = [n for n in names if n.rpartition(".")[2] == leaf]  # the right key, wrong table
+    close = close or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return SettingsError(f"unknown setting {name!r}{hint}")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -149,8 +231,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise SettingsError(f"{path}: settings file not found") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{path}: the settings file is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
 
 
 def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:
@@ -159,7 +245,7 @@ def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in names:
-            raise SettingsError(f"unknown setting {where + key!r}")
+            raise _unknown(where + key)
         kwargs[key] = _coerce(hints[key], value, name=f"{where}{key}")
     return cls(**kwargs)
 
@@ -187,40 +273,62 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
             raise SettingsError(f"setting {name!r} must be a table of strings")
         return dict(value)
     try:
-        if hint is Path:
-            return _path(_expect(value, str))
-        if isinstance(hint, type) and issubclass(hint, enum.Enum):
-            return hint(value)
-        if hint is float:
-            return float(_expect(value, float))
-        if hint is int:
-            return int(_expect(value, int))
-        if hint is bool:
-            return _expect(value, bool)
-        if hint is str:
-            return _expect(value, str)
-    except (TypeError, ValueError) as exc:
-        detail = f": {exc}" if str(exc) else ""
-        raise SettingsError(f"setting {name!r} has a bad value {value!r}{detail}") from None
-    raise SettingsError(f"setting {name!r}: unsupported type {hint!r}")  # pragma: no cover
+        converted = _scalar(hint, value)
+    except _BadValue as exc:
+        raise SettingsError(f"setting {name!r} has a bad value {value!r}: {exc}") from None
+    allowed = RANGES.get(name)
+    if allowed is not None and converted not in allowed:
+        raise SettingsError(f"setting {name!r} = {converted:g} is out of range: allowed {allowed}")
+    choices = CHOICES.get(name)
+    if choices is not None and converted not in choices:
+        raise SettingsError(
+            f"setting {name!r} has a bad value {value!r}: valid values are {', '.join(choices)}"
+        )
+    return converted
+
+
+class _BadValue(Exception):
+    """A value of the wrong kind; the message says what was expected, for a person."""
+
+
+_KIND_WORDS = {float: "a number", int: "a whole number", bool: "true or false", str: "text"}
+
+
+def _scalar(hint: Any, value: Any) -> Any:
+    if hint is Path:
+        return _path(_expect(value, str))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        valid = [str(m.value) for m in hint]
+        if value not in valid:
+            raise _BadValue(f"valid values are {', '.join(valid)}")
+        return hint(value)
+    if hint in _KIND_WORDS:
+        return _expect(value, hint)
+    raise _BadValue(f"unsupported type {hint!r}")  # pragma: no cover
 
 
 def _path(text: str) -> Path:
     """A path setting; an empty one would silently mean the current directory."""
     if not text.strip():
-        raise ValueError("a path must not be empty")
+        raise _BadValue("a path must not be empty")
     return Path(text)
 
 
 def _expect(value: Any, kind: type) -> Any:
     """``value`` as ``kind``; command-line overrides arrive as text and are converted."""
     if isinstance(value, str) and kind is not str:
-        if kind is bool and value.lower() in {"true", "false"}:
-            return value.lower() == "true"
-        if kind in (int, float):
-            return kind(value)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        text = value.strip().lower()
+        if kind is bool and text in {"true", "false"}:
+            return text == "true"
+        try:
+            if kind is int:
+                return int(text)
+            if kind is float:
+                return float(text)
+        except ValueError:
+            pass
+    elif kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise TypeError(f"expected {kind.__name__}")
-    return value
+    elif isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    raise _BadValue(f"expected {_KIND_WORDS.get(kind, kind.__name__)}")

@@ -11,12 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from hal0_reconciler import fsio
+from hal0_reconciler._log import get_logger
 from hal0_reconciler.model import SlotKey
 
-_log = structlog.get_logger("hal0_reconciler.state")
+_log = get_logger("hal0_reconciler.state")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ def main() -> int:
             "--profiles-file", str(root / "profiles.toml"), "--user", "54321:54321",
             "--log-format", "json", "--set", "api_url=http://127.0.0.1:9",
             "--set", f"systemctl={root / 'no-systemctl'}",
+            # hal0's default image not Vulkan-capable: unpinned gpu-vulkan slots ARE relabelled
+            "--set", "default_runner_image=example.org/not-capable:1",
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         child = subprocess.Popen(

@@ -45,6 +45,9 @@ def main() -> None:
                 "slots_dir": str(slots),
                 "profiles_file": str(Path(tmp, "p.toml")),
                 "state_dir": str(Path(tmp, "state")),
+                # since issue 7 an unpinned gpu-vulkan slot is relabelled only when hal0's
+                # default image is not Vulkan-capable: make it so, or nothing is relabelled
+                "default_runner_image": "example.org/not-capable:1",
             },
         )
         facts = HostFacts(amd=True, lane=LaneState.USABLE)
@@ -57,6 +60,8 @@ def main() -> None:
         started = time.perf_counter()
         first = reconciler.reconcile(facts)
         relabel = time.perf_counter() - started
+        if len(first.relabeled) != args.slots:
+            raise SystemExit(f"{len(first.relabeled)} of {args.slots} relabelled: wrong world")
         runs = []
         for _ in range(5):
             started = time.perf_counter()

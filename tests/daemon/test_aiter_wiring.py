@@ -163,7 +163,8 @@ class _ExplodingMonitor:
 def test_a_failing_aiter_check_does_not_stop_slot_relabels(
     host: Host, notify_socket: Any, tree: aiter_support.Tree
 ) -> None:
-    """Each failed check is one event; slots are still relabelled; repeated failures show up."""
+    """Each failed check is one event; slots are still relabelled; repeated failures show up,
+    and the daemon says it is degraded (alive, but a check cannot run)."""
     exploding = _ExplodingMonitor(tree.configs)
     settings = _with_aiter(host.settings(), tree, settle_window=0.05)
     with capture_logs() as logs, running(settings, aiter_factory=lambda _s: exploding):
@@ -182,7 +183,11 @@ def test_a_failing_aiter_check_does_not_stop_slot_relabels(
         )
     failed = [e for e in logs if e["event"] == "aiter.check_failed"]
     assert exploding.calls == len(failed)
-    assert ("error", True) == (failed[0]["log_level"], snapshot["healthy"])
+    assert ("error", False, "degraded") == (
+        failed[0]["log_level"],
+        snapshot["healthy"],
+        snapshot["health"],
+    )
     assert 3 == sum(1 for e in logs if e["event"] == "slot.relabeled")
 
 

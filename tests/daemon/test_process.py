@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +60,14 @@ def _settings(host: Host) -> settings_mod.Settings:
     return host.settings()
 
 
+def _status_slots(host: Host) -> dict[str, Any]:
+    try:
+        slots: dict[str, Any] = json.loads(status.status_path(_settings(host)).read_text())["slots"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return slots
+
+
 def test_the_daemon_process_lifecycle(host: Host, tmp_path: Path) -> None:
     """READY after the first pass, RELOADING/READY on SIGHUP, STOPPING and exit 0 on SIGTERM."""
     drop_slot(host.slots, "agent")
@@ -107,6 +116,8 @@ def test_sighup_applies_a_changed_log_level_and_format(host: Host, tmp_path: Pat
             sock.wait_for("READY=1", timeout=30)
             first = drop_slot(host.slots, "first")
             wait_until(lambda: device_of(first) == "gpu-rocm", what="relabel while warning")
+            # and the pass is over (its event logged): status.json lists the slot only then
+            wait_until(lambda: "first.toml" in _status_slots(host), what="the pass noted")
             config.write_text('log_format = "console"\nlog_level = "info"\n')
             child.send_signal(signal.SIGHUP)
             sock.wait_for("READY=1", count=2, timeout=30)
@@ -173,6 +184,9 @@ def test_sigterm_while_waiting_for_hal0s_lock_exits_promptly(host: Host, tmp_pat
     assert elapsed < 5.0
     assert before == slot.read_bytes()
     assert "daemon.worker_abandoned" not in err.read_text()  # it stopped waiting, not abandoned
+    logged = [json.loads(line) for line in err.read_text().splitlines() if line.startswith("{")]
+    assert "slot.write_abandoned" in {e["event"] for e in logged}
+    assert [] == [e for e in logged if e["level"] in {"error", "critical"}]  # an orderly stop
 
 
 def test_sighup_does_not_report_known_problems_again(host: Host, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""A fake ``systemctl`` on PATH: records every argv, answers ``is-active`` per unit."""
+"""A fake ``systemctl`` on PATH: records every argv, answers ``is-active`` per unit (one line
+each, for one or many units, as systemctl does)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ _SCRIPT = """\
         fh.write(json.dumps(sys.argv[1:]) + "\\n")
     states = json.loads((here / "states.json").read_text())
     if len(sys.argv) > 2 and sys.argv[1] == "is-active":
-        state = states.get(sys.argv[-1], "inactive")
-        print(state)
-        sys.exit(0 if state == "active" else 3)
+        # like systemctl: one line per unit, in order; 0 when any of them is active
+        answers = [states.get(unit, "inactive") for unit in sys.argv[2:]]
+        print("\\n".join(answers))
+        sys.exit(0 if "active" in answers else 3)
     sys.exit(0)
 """
 

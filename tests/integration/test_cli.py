@@ -193,11 +193,12 @@ def test_bad_setting_is_named(tmp_path: Path) -> None:
 def test_a_probe_that_cannot_run_demotes_nothing(
     seeded_slots: Path, host_dirs: dict[str, Path]
 ) -> None:
-    """A mistyped service user makes the probe fail: `once` says so and demotes nothing."""
+    """A mistyped service user makes the probe fail: `once` says so, demotes nothing and exits
+    1 (the pass could not do its job)."""
     host_dirs["amdgpu_module_dir"].mkdir(parents=True)
     before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
     result = cli("once", *host_args(host_dirs), "--user", "no-such-user-here")
-    assert 0 == result.returncode, result.stderr
+    assert 1 == result.returncode, result.stderr
     events = [json.loads(line) for line in result.stderr.splitlines()]
     assert ["host.probe_failed"] == [e["event"] for e in events]
     assert "no-such-user-here" in events[0]["reason"]
@@ -216,6 +217,13 @@ def test_a_probe_that_cannot_run_demotes_nothing(
             ["--set", "slots_dir="],
             "setting 'slots_dir' has a bad value '': a path must not be empty",
         ),
+        (
+            ["--slots-dir", ""],
+            (
+                "argument --slots-dir: a path must not be empty (it would mean this folder) "
+                "(see hal0-reconciler {verb} --help)"
+            ),
+        ),
     ],
 )
 @pytest.mark.parametrize("verb", ["once", "plan"])
@@ -224,7 +232,8 @@ def test_a_wrong_slots_folder_is_an_error_not_no_changes(
 ) -> None:
     """A typo in the slots folder exits 1 with one line, instead of reporting nothing to do."""
     result = cli(verb, *flag)
-    assert (1, f"hal0-reconciler: {message}\n") == (result.returncode, result.stderr)
+    error = result.stderr.splitlines()[-1]
+    assert (1, f"hal0-reconciler: error: {message.format(verb=verb)}") == (result.returncode, error)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod and the credential-dropping probe need root")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from hal0_reconciler import console
 from hal0_reconciler.aiter import explain, heal, monitor, resolve, routing, tables
 from hal0_reconciler.settings import AiterTree, Settings
 
@@ -45,9 +46,9 @@ def add_parser(subparsers: Any, *, parents: Sequence[argparse.ArgumentParser] = 
     p.add_argument("--json", action="store_true", help="machine-readable output")
     verbs.add_parser("heal", parents=common, help="quarantine exactly the stale modules")
     r = verbs.add_parser("restore", parents=common, help="put a quarantine back")
-    r.add_argument("id")
+    r.add_argument("id", help="the quarantine's id (its folder name, as heal printed it)")
     e = verbs.add_parser("explain", parents=common, help="explain a registry-miss error message")
-    e.add_argument("text")
+    e.add_argument("text", help="the error text the crashed server printed (quote it)")
 
 
 def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None) -> int:
@@ -56,12 +57,17 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
     try:
         settings = _effective(args, settings)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        console.error(str(exc))
         return EXIT_ERROR
     if not settings.aiter.trees:
         if args.aiter_verb == "explain":
             return explain.without_tree(args.text, settings, out)
-        print("error: no aiter tree configured ([[aiter.trees]] or --package-dir)", file=sys.stderr)
+        console.error("no aiter tree configured ([[aiter.trees]] or --package-dir)")
+        return EXIT_ERROR
+    missing = [t.package_dir for t in settings.aiter.trees if not t.package_dir.is_dir()]
+    for folder in missing:  # said once, not once per table the missing folder would hold
+        console.error(f"aiter package folder {folder} does not exist or is not a folder")
+    if missing:
         return EXIT_ERROR
     mon = monitor.AiterMonitor(settings)
     verb = args.aiter_verb
@@ -69,7 +75,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         try:
             restored, displaced = mon.restore(args.id)
         except (heal.HealFailed, OSError, routing.RoutingError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            console.error(str(exc))
             return EXIT_ERROR
         print(f"restored quarantine {restored.id}: {', '.join(restored.modules)}", file=out)
         if displaced is not None:
@@ -78,7 +84,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
     report = mon.check(heal=verb == "heal")
     if report.errors and not report.plans:
         for err in report.errors:
-            print(f"error: {err}", file=sys.stderr)
+            console.error(str(err))
         return EXIT_ERROR
     if verb == "explain":
         return explain.with_tree(args.text, report, mon, out)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
 from pathlib import Path
 from typing import TextIO
 
+from hal0_reconciler import console
 from hal0_reconciler.aiter import monitor, plan, routing, survey, tables
 from hal0_reconciler.settings import Settings
 
@@ -69,11 +69,11 @@ def without_tree(text: str, settings: Settings, out: TextIO) -> int:
     try:
         rules = routing.parse_routing(survey.routing_text(settings))
     except (OSError, routing.RoutingError) as exc:
-        sys.stderr.write(f"error: routing data: {exc}\n")
+        console.error(f"routing data: {exc}")
         return EXIT_ERROR
     miss = _read_miss(text, rules)
     if miss is None:
-        sys.stderr.write(_NO_MARKER + "\n")
+        console.error(_NO_MARKER)
         return EXIT_ERROR
     _print_miss(miss, out)
     if not miss.modules:
@@ -90,7 +90,7 @@ def without_tree(text: str, settings: Settings, out: TextIO) -> int:
 
 
 _NO_MARKER = (
-    "error: the text holds neither \"kernel '...' is not present in the compiled registry\" "
+    "the text holds neither \"kernel '...' is not present in the compiled registry\" "
     'nor "Kernel id N not found in ... tune lookup table"'
 )
 
@@ -129,7 +129,7 @@ def with_tree(
         rules = routing.Routing("", ())
     miss = _read_miss(text, rules)
     if miss is None:
-        sys.stderr.write(_NO_MARKER + "\n")
+        console.error(_NO_MARKER)
         return EXIT_ERROR
     _print_miss(miss, out)
     found = False

@@ -57,6 +57,25 @@ class HealFailed(ReconcilerError):
     """A quarantine or restore failed; every move it made was undone (the message says so)."""
 
 
+class ProcessScanUnavailable(ReconcilerError):
+    """The process table cannot be read here, so no build in progress can be ruled out.
+
+    psutil needs ``/proc/stat`` (boot time) to describe any process: a sandbox with
+    ``ProcSubset=pid`` hides it. A heal must never run blind, so the check cannot run.
+    """
+
+
+def _processes(attrs: list[str]) -> list[psutil.Process]:
+    """Every process psutil can see, with ``attrs`` fetched (unreadable ones are None)."""
+    try:
+        return list(psutil.process_iter(attrs))
+    except (OSError, psutil.Error) as exc:
+        raise ProcessScanUnavailable(
+            f"cannot list processes ({type(exc).__name__}: {exc}); is /proc restricted "
+            "(ProcSubset=pid) for this service?"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Move:
     src: Path
@@ -82,7 +101,7 @@ def build_activity(jit_dir: Path, package_dir: Path, modules: Iterable[str]) -> 
         if (lock := jit_dir / "build" / f"lock_{m}").exists()
     ]
     roots = tuple(str(p) for p in {jit_dir, package_dir})
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "cwd"]):
+    for proc in _processes(["pid", "name", "cmdline", "cwd"]):
         info = proc.info
         name = info.get("name") or ""
         cmdline = info.get("cmdline") or []
@@ -101,7 +120,7 @@ def mapped_by(paths: Iterable[Path]) -> dict[str, list[str]]:
     holders: dict[str, list[str]] = {}
     if not wanted:
         return holders
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in _processes(["pid", "cmdline"]):
         try:
             maps = {m.path for m in proc.memory_maps(grouped=True)}
         except (psutil.Error, OSError):

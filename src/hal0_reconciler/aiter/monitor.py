@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
-import structlog
-
+from hal0_reconciler import _log
 from hal0_reconciler.aiter import heal, plan, routing, survey
 from hal0_reconciler.settings import Settings
 
-log = structlog.get_logger()
+log = _log.get_logger()
 
 _Fingerprint = tuple[str, ...]
 
@@ -109,6 +108,7 @@ class AiterMonitor:
         errors = [h.error for h in heals if h.error]
         try:
             self.surveyor.registry.save()
+            self.surveyor.table_cache.save()
         except OSError as exc:
             log.warning("aiter.registry_cache_unwritable", error=str(exc))
         self._report(plans)

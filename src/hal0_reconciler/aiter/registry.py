@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import fsio
+from hal0_reconciler.aiter import namescan
 
 _RUN = re.compile(rb"[\x20-\x7e]+\x00")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
@@ -44,6 +45,12 @@ class ModuleScan:
 
 
 def registered_in(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bool]:
+    """The NUL-terminated exact-suffix rule for each name over ``data``: a ``find`` pass per
+    group of names sharing a prefix (``namescan``), else one pass over every run."""
+    return namescan.registered_in(data, names, fallback=registered_in_runs)
+
+
+def registered_in_runs(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bool]:
     """The NUL-terminated exact-suffix rule for each name over ``data`` (one pass)."""
     wanted = set(names)
     if not wanted:

@@ -18,6 +18,7 @@ from hal0_reconciler.aiter import (
     registry,
     resolve,
     routing,
+    tablecache,
     tables,
     target,
 )
@@ -99,6 +100,10 @@ class Surveyor:
     def __init__(self, settings: Settings, *, cache_file: Path | None) -> None:
         self.settings = settings
         self.registry = registry.Registry(cache_file)
+        # parsed tables survive a restart (a check in a new process parses what changed)
+        self.table_cache = tablecache.TableCache(
+            None if cache_file is None else cache_file.with_name("tables.json")
+        )
         self.table_reads = 0
         self._tables: dict[_TableKey, plan.TableSource] = {}
         self.installs = installed.Installs()
@@ -351,19 +356,24 @@ class Surveyor:
     ) -> plan.TableSource:
         path = Path(file.path)
         try:
-            key = ((str(path), fsio.identity_of(path.stat())), route.stem, targets, keys)
+            st = path.stat()
         except OSError as exc:
             return plan.TableSource(file, route, error=exc.strerror or str(exc))
+        identity = fsio.identity_of(st)
+        key = ((str(path), identity), route.stem, targets, keys)
         cached = used.get(key) or self._tables.get(key)
+        disk_key = tablecache.key_of(path, identity, route, targets, keys)
+        if cached is None and (on_disk := self.table_cache.get(disk_key)) is not None:
+            cached = plan.TableSource(file, route, table=on_disk)
         if cached is None:
             try:
+                read_at = tablecache.now_ns()
                 data = path.read_bytes()
                 self.table_reads += 1
-                cached = plan.TableSource(
-                    file,
-                    route,
-                    table=tables.parse_table(data, route=route, targets=targets, key_columns=keys),
-                )
+                table = tables.parse_table(data, route=route, targets=targets, key_columns=keys)
+                cached = plan.TableSource(file, route, table=table)
+                if tablecache.settled(st, read_at_ns=read_at) and len(data) == st.st_size:
+                    self.table_cache.put(disk_key, table)
             except OSError as exc:
                 cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
             except tables.TableUnreadable as exc:

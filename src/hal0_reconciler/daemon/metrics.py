@@ -1,6 +1,9 @@
 """Prometheus text-format metrics, written atomically for node_exporter's textfile collector.
 
 The temp file is hidden and does not end in ``.prom``, so the collector never reads half a file.
+Every labelled counter is written with all its known labels from the start (at 0), so an
+``increase()`` alert sees the first event. ``packaging/prometheus/hal0-reconciler.rules.yml``
+alerts on these names; the test suite checks every name it uses is one the daemon writes.
 """
 
 from __future__ import annotations
@@ -9,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hal0_reconciler import fsio
+from hal0_reconciler import __version__, fsio
 
 _PREFIX = "hal0_reconciler"
+
+RELABEL_TARGETS = ("gpu-rocm", "cpu")  # the only labels the reconciler ever writes
+LANE_STATES = ("usable", "unusable", "unknown", "not-amd")
 
 
 @dataclass
@@ -19,8 +25,14 @@ class Metrics:
     """Counters since the daemon started, gauges as of the last pass."""
 
     passes: int = 0
-    relabels: dict[str, int] = field(default_factory=dict)  # by target device
-    restarts: dict[str, int] = field(default_factory=dict)  # by result
+    relabels: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RELABEL_TARGETS, 0))
+    restarts: dict[str, int] = field(default_factory=dict)  # by result (every result, from 0)
+    demotions: int = 0  # relabels to cpu because the ROCm lane stayed unusable
+    restores: int = 0  # own demotions put back on gpu-rocm
+    fights: int = 0  # fights detected (another writer kept reverting a slot)
+    demoted_slots: int = 0  # slots on cpu now because the daemon demoted them
+    healthy: bool = False  # as status.json says (false: degraded or unhealthy)
+    rocm_lane: str = "unknown"  # one of LANE_STATES
     unreadable_files: int = 0
     slots: int = 0
     hands_off: int = 0
@@ -31,6 +43,7 @@ class Metrics:
     aiter_modules_uncovered: int = 0
     aiter_heals: int = 0  # modules quarantined since start
     aiter_check_failures: int = 0
+    aiter_not_converging: int = 0  # modules a heal did not help
 
 
 def _escape(value: str) -> str:
@@ -51,13 +64,38 @@ def _scalar(name: str, kind: str, help_text: str, value: str) -> list[str]:
 
 def render(m: Metrics) -> str:
     """The whole exposition, one family after another, ending with a newline."""
-    lines = _scalar(
+    lines = _family("build_info", "gauge", "The running version (always 1).")
+    lines.append(f'{_PREFIX}_build_info{{version="{_escape(__version__)}"}} 1')
+    lines += _scalar(
+        "healthy", "gauge", "1 healthy; 0 degraded or unhealthy (see status).", f"{int(m.healthy)}"
+    )
+    lines += _family("rocm_lane", "gauge", "The ROCm lane for the service user: 1 for its state.")
+    lines += _labelled("rocm_lane", "state", {s: int(s == m.rocm_lane) for s in LANE_STATES})
+    lines += _scalar(
         "passes_total", "counter", "Reconcile passes since the daemon started.", f"{m.passes}"
     )
     lines += _family("relabels_total", "counter", "Slot files relabelled, by new device.")
     lines += _labelled("relabels_total", "target", m.relabels)
     lines += _family("restarts_total", "counter", "Slot restart requests, by result.")
     lines += _labelled("restarts_total", "result", m.restarts)
+    lines += _scalar(
+        "demotions_total",
+        "counter",
+        "Slots demoted to cpu because the ROCm lane stayed unusable.",
+        f"{m.demotions}",
+    )
+    lines += _scalar(
+        "restores_total", "counter", "Own demotions restored to gpu-rocm.", f"{m.restores}"
+    )
+    lines += _scalar(
+        "fights_total", "counter", "Fights detected over a slot with another writer.", f"{m.fights}"
+    )
+    lines += _scalar(
+        "demoted_slots",
+        "gauge",
+        "Slots on cpu now because the daemon demoted them.",
+        f"{m.demoted_slots}",
+    )
     lines += _scalar(
         "unreadable_files",
         "gauge",
@@ -101,6 +139,12 @@ def render(m: Metrics) -> str:
             "counter",
             "aiter checks that raised.",
             f"{m.aiter_check_failures}",
+        )
+        lines += _scalar(
+            "aiter_modules_not_converging",
+            "gauge",
+            "aiter modules a heal did not help (the heal is not repeated).",
+            f"{m.aiter_not_converging}",
         )
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,7 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
@@ -18,20 +19,47 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from hal0_reconciler import lifecycle, reconcile
+from hal0_reconciler import _log, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, metrics, selfheal, workqueue
 from hal0_reconciler.host import hal0, units
-from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 from hal0_reconciler.settings import Settings
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = Callable[[Settings], HostFacts]
 """Looks at the host now (``host.facts.gather``; tests inject fakes)."""
 ReconcilerFactory = Callable[[Settings], reconcile.Reconciler]
 """Builds the engine for a settings snapshot (with the demotion ledger in the state dir)."""
+
+# Slot writes failing for these reasons will not get better by waiting (a read-only view of the
+# folder, a missing or forbidden path, a full disk): the daemon cannot do its job, so it says so
+# (status, STATUS=, a warning) until a pass writes them.
+LASTING_WRITE_ERRORS = frozenset(
+    {
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ENOSPC,
+        errno.EDQUOT,
+    }
+)
+# Problems (keys of Progress.problems) that make the daemon unhealthy, not only degraded: a
+# read-only slot folder is, under the unit, a stale sandbox view (/etc/hal0 deleted and re-created
+# while running) that only a restart fixes, so WATCHDOG=1 stops and systemd restarts it.
+HEALTH_PROBLEMS = frozenset({"writes-read-only"})
+
+
+def lane_metric_state(facts: HostFacts) -> str:
+    """The ROCm lane as a metrics state: usable / unusable (within the grace too) / unknown
+    (the probe could not run) / not-amd."""
+    if not facts.amd:
+        return "not-amd"
+    if facts.lane is LaneState.USABLE:
+        return "usable"
+    return "unknown" if facts.lane is LaneState.UNKNOWN else "unusable"
 
 
 def digest(path: Path) -> str | None:
@@ -59,6 +87,11 @@ class Progress:
     metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
     problems: dict[str, str] = field(default_factory=dict)
     hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
+    revision: int = 0  # bumped when anything status.json or the metrics show changed
+    # for status.json's cached fragments: the slots changed since it was last composed, or
+    # every slot (a full pass replaced the mapping)
+    slots_changed: set[SlotKey] = field(default_factory=set)
+    slots_renewed: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,6 +156,7 @@ class Passes:
         wake: Callable[[], None],
     ) -> None:
         self.lock = threading.RLock()
+        self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
             limit=settings.fight_limit, window=settings.fight_window, clock=clock
@@ -136,6 +170,9 @@ class Passes:
         self._restarter = restarter
         self._aiter = selfheal_
         self._wake = wake
+        # per slot: the last outcome and the status entry made of it (same outcome, same entry)
+        self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
+        self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -161,6 +198,9 @@ class Passes:
             settings = self._settings
             reconciler = self._reconciler
             self.progress.busy_since = self._clock.monotonic()
+        with self.lock:
+            revision = self.progress.revision
+        restarts = sum(self._restarter.results.values())
         try:
             try:
                 if reconciler is None:
@@ -170,22 +210,26 @@ class Passes:
                 self._process_with(batch, settings, reconciler)
             finally:
                 if batch.aiter and self._aiter.enabled:
-                    self._check_aiter(settings)
+                    self._check_aiter()
         finally:
             with self.lock:
                 self.progress.busy_since = None
+                changed = self.progress.revision != revision or batch.aiter
+            changed = changed or sum(self._restarter.results.values()) != restarts
+            # once per batch, and not for a batch that changed nothing (the echo of our write)
+            if changed and settings.metrics_textfile is not None:
+                self.write_metrics(settings)
+            with self.lock:
                 self.progress.batches += 1  # last: the main loop republishes on seeing it
             self._wake()
 
-    def _check_aiter(self, settings: Settings) -> None:
+    def _check_aiter(self) -> None:
         self._aiter.check()
         problem = self._aiter.problem()
         if problem is None:
             self.clear_problem("aiter")
         else:
             self.problem("aiter", problem)
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
 
     def _process_with(
         self, batch: workqueue.Batch, settings: Settings, reconciler: reconcile.Reconciler
@@ -208,7 +252,10 @@ class Passes:
                     reason=raw.lane_reason,
                     demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
                 )
+            self._note_probe(raw)
             with self.lock:
+                if facts != self.progress.facts:
+                    self.progress.revision += 1
                 self.progress.facts = facts
                 self.progress.recheck_at = view.recheck_at
         full = batch.everything or lane_changed
@@ -220,7 +267,12 @@ class Passes:
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
         report = reconciler.reconcile(facts, paths, hands_off=hands_off)
-        self._absorb(report, settings=settings, facts=facts, full=full, before=before)
+        with self.lock:
+            demoted = reconciler.own_demotions
+            if demoted != self.progress.metrics.demoted_slots:
+                self.progress.revision += 1
+            self.progress.metrics.demoted_slots = demoted
+        self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
 
     def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
@@ -229,12 +281,35 @@ class Passes:
         if reconciler.hal0_facts is not None:
             described = hal0.describe(reconciler.hal0_facts)
             with self.lock:
+                if described != self.progress.hal0:
+                    self.progress.revision += 1
                 self.progress.hal0 = described
         loud = [p.line() for p in reconciler.hal0_problems if p.not_understood]
         if loud:
             self.problem("hal0", "; ".join(loud))
         else:
             self.clear_problem("hal0")
+
+    def _note_probe(self, raw: HostFacts) -> None:
+        """A probe that cannot run (no such service user...) proves nothing and demotes
+        nothing, but the daemon cannot do its job: said once at warning, degraded until fixed."""
+        problem = None
+        if raw.amd and raw.lane is LaneState.UNKNOWN:
+            problem = f"the ROCm-lane probe cannot run: {raw.lane_reason}"
+        with self.lock:
+            before = self.progress.problems.get("probe")
+            if problem != before:
+                self.progress.revision += 1
+            if problem is None:
+                self.progress.problems.pop("probe", None)
+            else:
+                self.progress.problems["probe"] = problem
+        if problem is not None and problem != before:
+            log.warning(
+                "host.probe_failed", reason=raw.lane_reason, effect="no slot is demoted to cpu"
+            )
+        elif problem is None and before is not None:
+            log.info("host.probe_runs_again")
 
     def _hands_off(self) -> frozenset[SlotKey]:
         """The fought-over slots; one whose file changed in some other way is released."""
@@ -255,40 +330,34 @@ class Passes:
         self,
         report: reconcile.PassReport,
         *,
-        settings: Settings,
         facts: HostFacts,
         full: bool,
         before: dict[SlotKey, str | None],
     ) -> None:
         statuses = reconcile.OutcomeStatus
         seen: dict[SlotKey, dict[str, Any]] = {}
+        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
         for o in report.outcomes:
             if o.status is statuses.GONE:
                 self.fights.forget(o.key)
+                made.pop(o.key, None)
                 continue
-            entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
-            if o.name is not None:
-                entry["name"] = o.name
-            if o.verdict is not None:
-                entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
-                entry["reason"] = o.verdict.reason.value
-            if o.message:
-                entry["message"] = o.message
+            cached = self._entries.get(o.key)
+            if cached is not None and cached[0] is o:
+                seen[o.key] = cached[1]
+                made[o.key] = cached
+                continue
+            entry = _entry(o)
             seen[o.key] = entry
+            made[o.key] = (o, entry)
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+        self._entries = made
+        self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
-            slots = {} if full else dict(p.slots)
-            for o in report.outcomes:
-                if o.status is statuses.GONE:
-                    slots.pop(o.key, None)
-            hands_off = self.fights.hands_off
-            for key, entry in seen.items():
-                kept = entry["status"] == statuses.HANDS_OFF.value and key in slots
-                slots[key] = {**slots[key], "status": entry["status"]} if kept else entry
-            p.slots = slots
+            changed = _merge_slots(p, seen, report.outcomes, full=full)
             p.passes += 1
             p.full_passes += int(full)
             p.relabels_total += len(report.relabeled)
@@ -301,16 +370,19 @@ class Passes:
             for o in report.relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
-            m.unreadable_files = sum(
-                1 for e in slots.values() if e["status"] == statuses.UNREADABLE.value
-            )
-            m.slots = len(slots)
-            m.hands_off = len(hands_off)
+                reason = o.verdict.reason if o.verdict is not None else None
+                m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
+                m.restores += reason is Reason.RESTORE_OWN_DEMOTION
+            hands_off = len(self.fights.hands_off)
+            changed = changed or bool(report.relabeled) or m.hands_off != hands_off
+            m.slots = len(p.slots)
+            m.hands_off = hands_off
             m.pass_duration = report.duration
             m.last_pass_timestamp = now_wall
             m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
-        if settings.metrics_textfile is not None:
-            self.write_metrics(settings)
+            m.rocm_lane = lane_metric_state(facts)
+            if changed:
+                p.revision += 1
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
@@ -318,6 +390,8 @@ class Passes:
             o.key, old=o.verdict.old, new=o.verdict.new, before=before, after=digest(o.path)
         )
         if reverts is not None:
+            with self.lock:
+                self.progress.metrics.fights += 1
             log.error(
                 "slot.fight_detected",
                 slot=o.name,
@@ -330,13 +404,35 @@ class Passes:
         if o.name is not None and o.token is not None:
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
 
+    def _note_write_failures(self, report: reconcile.PassReport) -> None:
+        """The "writes" problem: slots whose last write failed for a lasting reason
+        ("writes-read-only" when the folder is read-only: that one makes it unhealthy)."""
+        for o in report.outcomes:
+            failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
+            if failing and o.errno in LASTING_WRITE_ERRORS:
+                self._failing_writes[o.key] = (f"{o.path}: {o.message}", o.errno)
+            else:
+                self._failing_writes.pop(o.key, None)
+        read_only = any(e == errno.EROFS for _, e in self._failing_writes.values())
+        key, other = ("writes-read-only", "writes") if read_only else ("writes", "writes-read-only")
+        self.clear_problem(other)
+        if not self._failing_writes:
+            self.clear_problem(key)
+            return
+        first = min(m for m, _ in self._failing_writes.values())
+        more = len(self._failing_writes) - 1
+        self.problem(key, f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
+
     # -- reporting --------------------------------------------------------------------------------
     def write_metrics(self, settings: Settings) -> None:
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
+        not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
+        results = self._restarter.results
         with self.lock:
             m = self.progress.metrics
-            m.restarts = {r.value: n for r, n in self._restarter.results.items()}
+            m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.aiter_not_converging = not_converging
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals
@@ -344,21 +440,107 @@ class Passes:
             snapshot = metrics.Metrics(**vars(m))
         folder = settings.metrics_textfile.parent
         try:
-            if not folder.is_dir():
-                folder.mkdir(parents=True, exist_ok=True)
-                folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
-            metrics.write_textfile(settings.metrics_textfile, snapshot)
+            with self._metrics_lock:  # the worker (after a pass) and the main loop (health)
+                if not folder.is_dir():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
+                metrics.write_textfile(settings.metrics_textfile, snapshot)
         except OSError as exc:
             self.problem("metrics", f"cannot write {settings.metrics_textfile}: {exc}")
         else:
             self.clear_problem("metrics")
 
+    def note_health(self, *, healthy: bool, settings: Settings) -> None:
+        """The main loop's verdict, for the ``healthy`` gauge (written when it changes)."""
+        with self.lock:
+            changed = self.progress.metrics.healthy != healthy
+            self.progress.metrics.healthy = healthy
+        if changed and settings.metrics_textfile is not None:
+            self.write_metrics(settings)
+
     def problem(self, key: str, text: str) -> None:
         with self.lock:
             if self.progress.problems.get(key) != text:
                 log.warning("daemon.problem", problem=key, detail=text)
+                self.progress.revision += 1
             self.progress.problems[key] = text
 
     def clear_problem(self, key: str) -> None:
         with self.lock:
-            self.progress.problems.pop(key, None)
+            if self.progress.problems.pop(key, None) is not None:
+                self.progress.revision += 1
+
+
+def _merge_slots(
+    p: Progress,
+    seen: dict[SlotKey, dict[str, Any]],
+    outcomes: tuple[reconcile.Outcome, ...],
+    *,
+    full: bool,
+) -> bool:
+    """Fold a pass's entries into ``p.slots`` (and the unreadable count); True when anything
+    shown changed. A partial pass updates the slots it covered in place (its cost is what it
+    covered); an entry equal to the one shown keeps its identity, so status.json re-renders
+    only the entries that changed."""
+    statuses = reconcile.OutcomeStatus
+    unreadable = statuses.UNREADABLE.value
+    old = p.slots
+    slots: dict[SlotKey, dict[str, Any]] = {} if full else old
+    changed = full and old.keys() != seen.keys()
+    touched = p.slots_changed
+    p.slots_renewed = p.slots_renewed or full
+    for o in outcomes:
+        if o.status is statuses.GONE and o.key in slots:
+            changed = True
+            touched.add(o.key)
+            if slots.pop(o.key)["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+    for key, entry in seen.items():
+        shown = old.get(key)
+        if shown is entry:  # the same outcome as shown: nothing to compare
+            slots[key] = entry
+            continue
+        prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
+        if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
+            entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
+        if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
+            slots[key] = shown
+            continue
+        changed = True
+        touched.add(key)
+        if not full:
+            if shown is not None and shown["status"] == unreadable:
+                p.metrics.unreadable_files -= 1
+            if entry["status"] == unreadable:
+                p.metrics.unreadable_files += 1
+        slots[key] = entry
+    p.slots = slots
+    if full:
+        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
+    return changed
+
+
+def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """The pass after a relabel finds the file as the daemon wrote it: the relabel stays the
+    news (status.json is not rewritten for the echo of the daemon's own write)."""
+    relabeled = reconcile.OutcomeStatus.RELABELED.value
+    unchanged = reconcile.OutcomeStatus.UNCHANGED.value
+    return (
+        (shown["status"], entry["status"]) == (relabeled, unchanged)
+        and shown.get("device") == entry.get("device")
+        and shown.get("name") == entry.get("name")
+        and shown.get("path") == entry.get("path")
+    )
+
+
+def _entry(o: reconcile.Outcome) -> dict[str, Any]:
+    """A slot's entry in status.json."""
+    entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
+    if o.name is not None:
+        entry["name"] = o.name
+    if o.verdict is not None:
+        entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
+        entry["reason"] = o.verdict.reason.value
+    if o.message:
+        entry["message"] = o.message
+    return entry

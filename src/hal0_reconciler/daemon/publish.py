@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import __version__
-from hal0_reconciler.daemon import passes, selfheal, status, watch
+from hal0_reconciler.daemon import passes, selfheal, status, statusjson, watch
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,18 @@ class Sources:
     pending_restarts: dict[str, float]
     selfheal: selfheal.SelfHeal
     started_at: float
+    slots_json: statusjson.SlotsJson | None = None  # cached per-slot fragments (the daemon's)
 
 
-def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str, Any], str]:
-    """The status.json snapshot and the STATUS= line (health ``problems`` first)."""
+def compose(
+    src: Sources, problems: list[str], *, ready: bool, degraded: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], str]:
+    """The status.json snapshot and the STATUS= line (health ``problems`` first).
+
+    ``problems`` make the daemon *unhealthy* (its own machinery is broken: WATCHDOG=1 stops);
+    ``degraded`` and the worker's problems make it *degraded* (alive, but part of its job cannot
+    be done: no slots folder, a probe that cannot run, a write or a watch that fails).
+    Either way ``healthy`` is false and ``status`` exits non-zero."""
     with src.passes.lock:
         p = src.passes.progress
         facts = p.facts
@@ -44,8 +52,12 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             "updated_at": time.time(),
             "heartbeat": status.HEARTBEAT,
             "ready": ready,
-            "healthy": not problems,
-            "problems": [*problems, *p.problems.values()],
+            # a worker problem that also makes it unhealthy (passes.HEALTH_PROBLEMS) once
+            "problems": [
+                *problems,
+                *degraded,
+                *(v for v in p.problems.values() if v not in problems),
+            ],
             "passes": p.passes,
             "relabels_total": p.relabels_total,
             "last_pass": {
@@ -56,10 +68,16 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
             if p.passes
             else None,
             # keyed by file name: unique in the folder, unlike display names
-            "slots": {Path(k).name: e for k, e in p.slots.items()},
+            "slots": {Path(k).name: e for k, e in p.slots.items()}
+            if src.slots_json is None
+            else src.slots_json.render(
+                p.slots, changed=None if p.slots_renewed else p.slots_changed
+            ),
             "hands_off": hands_off,
             "hal0": p.hal0,
         }
+        p.slots_changed = set()  # the fragments are up to date
+        p.slots_renewed = False
         last_pass_at = p.last_pass_at
         relabels = p.relabels_total
         count = len(p.slots)
@@ -84,6 +102,9 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
         snapshot["watch_mode"] = health.mode
         snapshot["watched"] = list(health.watched)
         snapshot["problems"] += [f"cannot watch {p}: {r}" for p, r in health.failures.items()]
+    state = "unhealthy" if problems else "degraded" if snapshot["problems"] else "healthy"
+    snapshot["health"] = state
+    snapshot["healthy"] = state == "healthy"
     heal = src.selfheal.status()
     if heal is not None:
         snapshot["aiter"] = heal
@@ -99,4 +120,6 @@ def compose(src: Sources, problems: list[str], *, ready: bool) -> tuple[dict[str
         line += ", aiter heal pending"
     if problems:
         line += f", UNHEALTHY: {problems[0]}"
+    elif state == "degraded":
+        line += f", DEGRADED: {snapshot['problems'][0]}"
     return snapshot, line

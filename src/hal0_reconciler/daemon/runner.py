@@ -21,12 +21,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import structlog
-
 from hal0_reconciler import __version__, _log, fsio, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
-from hal0_reconciler.daemon import notify, passes, publish, selfheal, status, watch, workqueue
+from hal0_reconciler.daemon import (
+    notify,
+    passes,
+    publish,
+    selfheal,
+    status,
+    statusjson,
+    watch,
+    workqueue,
+)
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import hal0, units
@@ -34,7 +41,7 @@ from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger
 
-log = structlog.get_logger("hal0_reconciler.daemon")
+log = _log.get_logger("hal0_reconciler.daemon")
 
 Gather = passes.Gather
 ReconcilerFactory = passes.ReconcilerFactory
@@ -130,6 +137,9 @@ class Runner:
         self._watcher: watch.Watcher | None = None
         self._observer_deaths: list[float] = []
         self._started_at = time.time()
+        self._slots_json = statusjson.SlotsJson()
+        self._slots_dir_problem: str | None = None
+        self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -197,8 +207,8 @@ class Runner:
         try:
             with self._restarter, passes.Worker(self._queue, self._passes.process) as worker:
                 self._watcher.start()
-                self._queue.add(workqueue.Special.EVERYTHING)
-                self._loop(worker)
+                self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
+                self._loop(worker)  # waiting for a settle window: nothing is in flux yet
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
@@ -213,6 +223,7 @@ class Runner:
         next_status = 0.0
         reported_passes = -1  # passes, aiter checks and finished batches, as last published
         reported_problems: list[str] = []
+        reported_ready = False
         progress = self._passes.progress
         lock = self._passes.lock
         while True:
@@ -239,8 +250,11 @@ class Runner:
                 if self._reload():
                     with lock:
                         ready_after = progress.full_passes + 1
+                    self._reloads.pending = True
                 else:
                     self._notifier.ready()
+                    self._reloads.finished(ok=False)
+                    reported_passes = -1  # publish now: `reload` is waiting for it
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
             watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
@@ -268,14 +282,18 @@ class Runner:
                 self._queue.add(workqueue.Special.AITER)
             with lock:
                 full_passes = progress.full_passes
-                # a batch's end counts too: its problems and metrics come after its pass/check
-                passes_done = progress.passes + self._aiter.generation() + progress.batches
-            if ready_after is not None and full_passes >= ready_after:
+                # what status.json shows changed (not a batch that changed nothing, such as
+                # the echo of the daemon's own write), or the aiter check ran
+                passes_done = progress.revision + self._aiter.generation()
+            became_ready = ready_after is not None and full_passes >= ready_after
+            if became_ready:
                 ready_after = None
-                self._notifier.ready()
-                log.info("daemon.ready", watches=watcher.health().mode)
+                if self._reloads.pending:  # the new settings' first full pass is done
+                    self._reloads.finished(ok=True)  # published just below, with READY=1
             problems = self._health(worker, now)
-            changed = passes_done != reported_passes or problems != reported_problems
+            ready = ready_after is None
+            changed = self._check_slots_dir() or became_ready or ready != reported_ready
+            changed |= passes_done != reported_passes or problems != reported_problems
             if changed or now >= next_status:
                 if problems and problems != reported_problems:
                     log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
@@ -283,8 +301,12 @@ class Runner:
                     log.info("daemon.healthy_again")
                 reported_passes = passes_done
                 reported_problems = problems
+                reported_ready = ready
                 next_status = now + status.HEARTBEAT
-                self._publish(problems, ready=ready_after is None)
+                self._publish(problems, ready=ready)
+            if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
+                self._notifier.ready()
+                log.info("daemon.ready", watches=watcher.health().mode)
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
@@ -308,7 +330,32 @@ class Runner:
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
+        with self._passes.lock:  # slot writes failing, an aiter check that cannot run
+            found = self._passes.progress.problems
+            problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
         return problems
+
+    def _check_slots_dir(self) -> bool:
+        """A missing slots folder is said once, at warning; the daemon is degraded (not dead:
+        the watches bring the folder in at once when it appears) until it is there."""
+        folder = self._settings.slots_dir
+        problem = None
+        if not folder.is_dir():
+            what = "does not exist" if not folder.exists() else "is not a directory"
+            problem = f"slots directory {folder} {what}"
+        if problem == self._slots_dir_problem:
+            return False
+        if problem is not None:
+            log.warning(
+                "daemon.slots_dir_missing",
+                path=str(folder),
+                problem=problem,
+                action="watching for it to appear; degraded until then",
+            )
+        else:
+            log.info("daemon.slots_dir_found", path=str(folder))
+        self._slots_dir_problem = problem
+        return True
 
     def _publish(self, problems: list[str], *, ready: bool) -> None:
         """STATUS= line and status.json."""
@@ -319,12 +366,16 @@ class Runner:
             pending_restarts=self._restarter.pending(),
             selfheal=self._aiter,
             started_at=self._started_at,
+            slots_json=self._slots_json,
         )
-        snapshot, line = publish.compose(sources, problems, ready=ready)
+        degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
+        snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
+        snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)
         except OSError as exc:
             log.warning("daemon.status_write_failed", error=str(exc))
+        self._passes.note_health(healthy=snapshot["healthy"], settings=self._settings)
         self._notifier.status(line)
 
     def _reload(self) -> bool:

@@ -3,6 +3,8 @@
 The worker calls :meth:`SelfHeal.check` for the ``<aiter>`` key and at every full pass. A check
 never stops the slot work: an exception is one ``aiter.check_failed`` event and the daemon goes
 on; after ``FAILING_AFTER`` failures in a row it is a status problem until a check succeeds. A
+check that cannot run at all (a ``ReconcilerError``: the process table is hidden, the routing
+data is unreadable) is a warning without a traceback and a status problem at once. A
 heal refused because a build is running (``retry_soon``) asks for another check after a back-off
 that doubles from ``RETRY_FIRST`` up to ``RETRY_MAX`` seconds. The main loop reads
 :meth:`retry_at` and :meth:`watch_paths`; everything else is for status and metrics.
@@ -18,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
-
+from hal0_reconciler import _log
 from hal0_reconciler.aiter import monitor, plan
 from hal0_reconciler.daemon import workqueue
+from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import Settings
 
-log = structlog.get_logger("hal0_reconciler.daemon.selfheal")
+log = _log.get_logger("hal0_reconciler.daemon.selfheal")
 
 RETRY_FIRST = 5.0
 RETRY_MAX = 60.0
@@ -64,6 +66,7 @@ class _State:
     failures_in_a_row: int = 0
     failures_total: int = 0
     last_error: str | None = None
+    cannot_run: str | None = None  # why the last check could not run at all
     heals: int = 0  # modules quarantined since start
     last_quarantine: str | None = None
     retry_delay: float = 0.0
@@ -148,17 +151,25 @@ class SelfHeal:
         try:
             mon = self._get_monitor(settings)
             report = mon.check(heal=settings.aiter.heal)
+        except ReconcilerError as exc:
+            log.warning("aiter.check_cannot_run", error=str(exc), effect="nothing is healed")
+            self._failed(str(exc), cannot_run=True)
+            return False
         except Exception as exc:
             log.exception("aiter.check_failed", error=f"{type(exc).__name__}: {exc}")
-            with self._lock:
-                s = self._state
-                s.failures_in_a_row += 1
-                s.failures_total += 1
-                s.last_error = f"{type(exc).__name__}: {exc}"
+            self._failed(f"{type(exc).__name__}: {exc}", cannot_run=False)
             return False
         self._watch_paths_of(mon, settings)
         self._record(report)
         return True
+
+    def _failed(self, error: str, *, cannot_run: bool) -> None:
+        with self._lock:
+            s = self._state
+            s.failures_in_a_row += 1
+            s.failures_total += 1
+            s.last_error = error
+            s.cannot_run = error if cannot_run else None
 
     def _get_monitor(self, settings: Settings) -> AiterCheck:
         with self._lock:
@@ -183,6 +194,7 @@ class SelfHeal:
             s.checks += 1
             s.failures_in_a_row = 0
             s.last_error = None
+            s.cannot_run = None
             s.checked_at = time.time()
             s.heals += sum(len(h.modules) for h in healed)
             if healed:
@@ -221,6 +233,8 @@ class SelfHeal:
         """The status problem to show, if any: a check that keeps failing, or heal errors."""
         with self._lock:
             s = self._state
+            if s.cannot_run is not None:
+                return f"the aiter check cannot run: {s.cannot_run}"
             if s.failures_in_a_row >= FAILING_AFTER:
                 times = s.failures_in_a_row
                 return f"the aiter check failed {times} times in a row: {s.last_error}"

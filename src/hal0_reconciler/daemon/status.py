@@ -7,11 +7,15 @@ whose writer is gone (pid not alive, or another process now) or that stopped cha
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import fsio
+from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
@@ -22,6 +26,26 @@ EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_NOT_RUNNING = 3  # LSB: program is not running
 EXIT_UNKNOWN = 4  # LSB: status unknown (file unreadable)
+
+
+@dataclass
+class ReloadState:
+    """The daemon's side of ``reload``: a generation that grows when a reload has finished
+    (the new settings' first full pass done, or the new settings refused)."""
+
+    generation: int = 0
+    pending: bool = False  # new settings taken, their first full pass not done yet
+    ok: bool | None = None
+    at: float | None = None
+
+    def finished(self, *, ok: bool) -> None:
+        self.generation += 1
+        self.pending = False
+        self.ok = ok
+        self.at = time.time()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"generation": self.generation, "ok": self.ok, "at": self.at}
 
 
 def status_path(settings: Settings) -> Path:
@@ -46,8 +70,12 @@ def process_start_time(pid: int) -> float | None:
 
 
 def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
-    """Replace status.json atomically (mode 0644: operators read it without root)."""
-    fsio.write_json(status_path(settings), snapshot, indent=1, sort_keys=True, default=str)
+    """Replace status.json atomically (mode 0644: operators read it without root).
+
+    ``statusjson.Raw`` values (the cached per-slot fragments) go in as they are."""
+    path = status_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsio.write_atomically(path, statusjson.dumps(snapshot), mode=0o644)
 
 
 def _alive(snapshot: dict[str, Any]) -> bool:
@@ -81,38 +109,52 @@ def _aiter_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
-    """A short human report of the daemon's status file, and the exit code for ``status``."""
-    now = time.time() if now is None else now
+def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any] | None]:
+    """The daemon's state word, the report's first line, the exit code, and the snapshot."""
     path = status_path(settings)
     try:
         snapshot = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return f"hal0-reconciler: not running (no {path})", EXIT_NOT_RUNNING
-    except (OSError, ValueError) as exc:
-        return f"hal0-reconciler: status unknown ({path}: {exc})", EXIT_UNKNOWN
+        return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
+    except OSError as exc:
+        return "unknown", f"status unknown ({path}: {exc.strerror})", EXIT_UNKNOWN, None
+    except ValueError:
+        return "unknown", f"status unknown ({path}: not JSON)", EXIT_UNKNOWN, None
     if not isinstance(snapshot, dict):
-        return f"hal0-reconciler: status unknown ({path}: not an object)", EXIT_UNKNOWN
+        return "unknown", f"status unknown ({path}: not an object)", EXIT_UNKNOWN, None
     pid = snapshot.get("pid")
     heartbeat = float(snapshot.get("heartbeat", HEARTBEAT))
     updated = snapshot.get("updated_at", 0)
-    lines: list[str] = []
     if not _alive(snapshot):
-        head = f"hal0-reconciler: not running (pid {pid} is gone; status from {_ago(now, updated)})"
-        code = EXIT_NOT_RUNNING
-    elif not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
-        head = (
-            f"hal0-reconciler: unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
-        )
-        code = EXIT_UNHEALTHY
-    elif not snapshot.get("healthy", False):
-        head = f"hal0-reconciler: unhealthy (pid {pid})"
-        code = EXIT_UNHEALTHY
-    else:
-        state = "running" if snapshot.get("ready") else "starting"
-        head = f"hal0-reconciler: {state} (pid {pid}), healthy"
-        code = EXIT_OK
-    lines.append(head)
+        head = f"not running (pid {pid} is gone; status from {_ago(now, updated)})"
+        return "not-running", head, EXIT_NOT_RUNNING, snapshot
+    if not isinstance(updated, int | float) or now - updated > 3 * heartbeat:
+        head = f"unhealthy (pid {pid}; status not updated since {_ago(now, updated)})"
+        return "stale", head, EXIT_UNHEALTHY, snapshot
+    health = snapshot.get("health")
+    if health == "degraded":
+        return "degraded", f"degraded (pid {pid})", EXIT_UNHEALTHY, snapshot
+    if health == "unhealthy" or not snapshot.get("healthy", False):
+        return "unhealthy", f"unhealthy (pid {pid})", EXIT_UNHEALTHY, snapshot
+    state = "running" if snapshot.get("ready") else "starting"
+    return state, f"{state} (pid {pid}), healthy", EXIT_OK, snapshot
+
+
+def report_json(settings: Settings, *, now: float | None = None) -> tuple[dict[str, Any], int]:
+    """``status --json``: the judged state (what monitoring alerts on) and the daemon's own
+    snapshot (``null`` when there is none)."""
+    now = time.time() if now is None else now
+    state, head, code, snapshot = _judge(settings, now)
+    return {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}, code
+
+
+def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
+    """A short human report of the daemon's status file, and the exit code for ``status``."""
+    now = time.time() if now is None else now
+    _state, head, code, snapshot = _judge(settings, now)
+    lines = [f"hal0-reconciler: {head}"]
+    if snapshot is None:
+        return lines[0], code
     last = snapshot.get("last_pass") or {}
     if last:
         lines.append(
@@ -121,7 +163,9 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
             f"{snapshot.get('relabels_total', 0)} relabelled since start"
         )
     lane = snapshot.get("lane") or {}
-    if lane:
+    if lane.get("amd") is False:
+        lines.append("  host:       not an AMD host (nothing is touched)")
+    elif lane:
         lines.append(f"  rocm lane:  {lane.get('state')} ({lane.get('reason')})")
     lines.append(f"  watches:    {snapshot.get('watch_mode', '?')}")
     lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
@@ -139,3 +183,56 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
         lines.append(f"  hands off (fight): {', '.join(hands_off)}")
     lines.extend(f"  problem: {p}" for p in snapshot.get("problems") or [])
     return "\n".join(lines), code
+
+
+def _snapshot(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _generation(snapshot: dict[str, Any] | None, pid: int) -> int | None:
+    """The reload generation that daemon ``pid`` published (None: nothing from it yet)."""
+    if snapshot is None or snapshot.get("pid") != pid:
+        return None
+    generation = (snapshot.get("reload") or {}).get("generation", 0)
+    return generation if isinstance(generation, int) else 0
+
+
+def reload(
+    settings: Settings, *, pid: int | None, timeout: float, poll: float = 0.05
+) -> tuple[str, int]:
+    """``hal0-reconciler reload`` (the unit's ExecReload): SIGHUP the daemon, then wait until
+    it says the reload finished, so ``systemctl reload`` returns only once the new settings are
+    live (systemd 252 has no Type=notify-reload). Returns the message and the exit code."""
+    path = status_path(settings)
+    if pid is None:
+        found = (_snapshot(path) or {}).get("pid")
+        if not isinstance(found, int):
+            return f"hal0-reconciler: not running (no pid in {path})", EXIT_NOT_RUNNING
+        pid = found
+    # a daemon that has published nothing yet has finished no reload: generation 0
+    before = _generation(_snapshot(path), pid) or 0
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        return f"hal0-reconciler: not running (pid {pid} is gone)", EXIT_NOT_RUNNING
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snapshot = _snapshot(path)
+        now = _generation(snapshot, pid)
+        if now is not None and now > before:
+            assert snapshot is not None  # noqa: S101 - a generation comes from a snapshot
+            if (snapshot.get("reload") or {}).get("ok"):
+                return f"hal0-reconciler: reloaded (pid {pid})", EXIT_OK
+            refused = f"reload refused, the old settings stay (pid {pid}; the journal says why)"
+            return f"hal0-reconciler: {refused}", EXIT_UNHEALTHY
+        if process_start_time(pid) is None:
+            return f"hal0-reconciler: pid {pid} exited during the reload", EXIT_NOT_RUNNING
+        time.sleep(poll)
+    return (
+        f"hal0-reconciler: no confirmation of the reload from pid {pid} within {timeout:g}s",
+        EXIT_UNHEALTHY,
+    )

@@ -33,16 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from hal0_reconciler import lifecycle
+from hal0_reconciler import _log, lifecycle
 from hal0_reconciler.daemon import _watchdog_compat
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 from hal0_reconciler.model import SlotKey
 
-log = structlog.get_logger("hal0_reconciler.daemon.watch")
+log = _log.get_logger("hal0_reconciler.daemon.watch")
 
 _OVERFLOW_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
 # Event types that carry no change: reading a file (and the probe's own open/close of the nodes).
@@ -382,7 +381,9 @@ class Watcher(lifecycle.StartStop):
             if watch.failure is not None and not retry_failures:
                 continue
             try:
-                watch.handle = observer.schedule(watch.handler, str(watch.path), recursive=False)
+                watch.handle = observer.schedule(
+                    watch.handler, str(watch.path), recursive=False, **_filtered(observer)
+                )
             except OSError as exc:
                 self._failed(watch, exc)
                 continue
@@ -416,3 +417,35 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def _filtered(observer: Any) -> dict[str, Any]:
+    """``event_filter`` without the events every watch ignores (``_NO_CHANGE``: a file opened,
+    or closed without writing), where watchdog can leave them out of the inotify mask (5.0 and
+    later): then a process that only reads slot files costs the daemon nothing. Older
+    watchdog (Debian 12's 2.2) delivers them and the handler drops them."""
+    import inspect  # noqa: PLC0415 - once per schedule call
+
+    try:
+        accepts = "event_filter" in inspect.signature(observer.schedule).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if not accepts:
+        return {}
+    from watchdog import events  # noqa: PLC0415
+
+    ignored = {
+        getattr(events, "FileOpenedEvent", None),
+        getattr(events, "FileClosedNoWriteEvent", None),
+    }
+    kinds = [
+        kind
+        for name, kind in vars(events).items()
+        if name.endswith("Event")
+        and isinstance(kind, type)
+        and issubclass(kind, events.FileSystemEvent)
+        and kind is not events.FileSystemEvent
+        and kind is not getattr(events, "FileSystemMovedEvent", None)
+        and kind not in ignored
+    ]
+    return {"event_filter": kinds}

@@ -151,11 +151,14 @@ class WorkQueue:
         into.keys |= pending.keys
 
     # -- producers -------------------------------------------------------------------------
-    def add(self, key: WorkKey) -> None:
-        """Mark ``key`` dirty (cheap, never blocks for long: safe from an event handler)."""
-        self.add_many((key,))
+    def add(self, key: WorkKey, *, settled: bool = False) -> None:
+        """Mark ``key`` dirty (cheap, never blocks for long: safe from an event handler).
 
-    def add_many(self, keys: Iterable[WorkKey]) -> None:
+        ``settled``: nothing is in flux, take it (and its group) without a settle window (the
+        daemon's first pass)."""
+        self.add_many((key,), settled=settled)
+
+    def add_many(self, keys: Iterable[WorkKey], *, settled: bool = False) -> None:
         now = self._clock.monotonic()
         with self._cond:
             added = False
@@ -163,10 +166,12 @@ class WorkQueue:
                 group = key if key in self._windows else _DEFAULT
                 pending = self._groups.get(group)
                 if pending is None:
-                    self._groups[group] = _Pending(now, now, {key})
+                    pending = self._groups[group] = _Pending(now, now, {key})
                 else:
                     pending.last = now
                     pending.keys.add(key)
+                if settled:
+                    pending.first = now - self._window(group).cap  # ready now
                 self._events += 1
                 added = True
             if added:

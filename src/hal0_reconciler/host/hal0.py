@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hal0_reconciler import fsio
-from hal0_reconciler.host import hal0_code, units
+from hal0_reconciler.host import envfile, hal0_code
 from hal0_reconciler.model import Hal0Facts
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import image
@@ -291,7 +291,7 @@ def _default_images(path: Path, problems: list[FactProblem]) -> dict[str, str]:
 
 def _environment(path: Path, problems: list[FactProblem]) -> dict[str, str]:
     try:
-        values = units.read_env_file(path)
+        values = envfile.read_env_file(path)
     except UnicodeDecodeError:
         why = "not UTF-8: no HAL0_TOOLBOX_IMAGE_* used"
         problems.append(FactProblem("environment", str(path), why))

@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import enum
 import json
-import shlex
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-import structlog
-
-from hal0_reconciler import errors, lifecycle
+from hal0_reconciler import _log, errors, lifecycle
 from hal0_reconciler.host import proc
+from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.settings import RestartFallback, Settings
 
-log = structlog.get_logger("hal0_reconciler.host.units")
+log = _log.get_logger("hal0_reconciler.host.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
 API_KEY_VARIABLE = "HAL0_ADMIN_KEY"
@@ -55,37 +53,33 @@ def unit_name(token: str) -> str:
     return f"hal0-slot@{token}.service"
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    """A shell-style ``KEY=VALUE`` file (comments, ``export``, quotes); missing file → empty."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    values: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        line = line.removeprefix("export ").strip()
-        key, _, value = line.partition("=")
-        try:
-            parts = shlex.split(value, comments=True)
-        except ValueError:
-            parts = [value.strip()]
-        values[key.strip()] = parts[0] if parts else ""
-    return values
-
-
 def is_active(settings: Settings, token: str) -> bool | None:
     """``systemctl is-active`` for the slot's unit; None when systemctl cannot say."""
+    return active_states(settings, [token])[token]
+
+
+def active_states(settings: Settings, tokens: Iterable[str]) -> dict[str, bool | None]:
+    """The state of many slots' units in ONE ``systemctl is-active u1 u2 ...`` (one line per
+    unit, in order); None for every unit when systemctl cannot say."""
+    wanted = list(dict.fromkeys(tokens))
+    if not wanted:
+        return {}
+    units = [unit_name(t) for t in wanted]
     try:
-        result = proc.run(
-            [settings.systemctl, "is-active", unit_name(token)], timeout=settings.api_timeout
-        )
+        result = proc.run([settings.systemctl, "is-active", *units], timeout=settings.api_timeout)
     except errors.ProcFailed as exc:
-        log.warning("unit.state_unknown", unit=unit_name(token), error=str(exc))
-        return None
-    return result.stdout.decode("utf-8", "replace").strip() in _ACTIVE_STATES
+        log.warning("unit.state_unknown", units=_shown(units), error=str(exc))
+        return dict.fromkeys(wanted)
+    # one line per unit, in order; a unit systemctl printed nothing for counts as not active
+    # (as a single query's empty answer always did)
+    lines = result.stdout.decode("utf-8", "replace").splitlines()
+    lines += [""] * (len(units) - len(lines))
+    return {t: line.strip() in _ACTIVE_STATES for t, line in zip(wanted, lines, strict=False)}
+
+
+def _shown(units: list[str], limit: int = 5) -> str:
+    more = f" (+{len(units) - limit} more)" if len(units) > limit else ""
+    return " ".join(units[:limit]) + more
 
 
 class ApiNoAnswer(Exception):
@@ -145,10 +139,19 @@ def stop_unit(settings: Settings, token: str) -> None:
         raise errors.ProcFailed(result.describe())
 
 
-def apply_change(settings: Settings, request: RestartRequest) -> RestartResult:
-    """Restart one changed slot the hal0 way, else its fallback. Blocks: run it off the loop."""
+_ASK = object()  # apply_change: the unit's state is not known yet
+
+
+def apply_change(
+    settings: Settings, request: RestartRequest, *, active: object = _ASK
+) -> RestartResult:
+    """Restart one changed slot the hal0 way, else its fallback. Blocks: run it off the loop.
+
+    ``active``: the unit's state when the caller already asked (``active_states`` for a batch).
+    """
     unit = unit_name(request.token)
-    active = is_active(settings, request.token)
+    if active is _ASK:
+        active = is_active(settings, request.token)
     if active is None:
         return RestartResult.UNKNOWN_STATE
     if not active:
@@ -214,7 +217,7 @@ class Restarter(lifecycle.StartStop):
         self._last: dict[str, float] = {}  # token -> monotonic time of the last action
         self._stop: _Stop | None = None
         self._busy_since: float | None = None
-        self._previous: float | None = None
+        self._previous: dict[str, float | None] = {}  # token -> its last action before this one
         self.results: Counter[RestartResult] = Counter()
         self._thread = threading.Thread(target=self._run, name="hal0-restarter", daemon=True)
 
@@ -262,20 +265,23 @@ class Restarter(lifecycle.StartStop):
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _next_due(self) -> tuple[RestartRequest, Settings] | _Stop:
+    def _next_due(self) -> tuple[list[RestartRequest], Settings] | _Stop:
+        """Every request that is due now (waiting for the first one)."""
         with self._cond:
             while True:
                 if self._stop is not None:
                     return self._stop
                 now = time.monotonic()
-                due = [(d, t) for t, (d, _) in self._pending.items() if d <= now]
+                due = sorted((d, t) for t, (d, _) in self._pending.items() if d <= now)
                 if due:
-                    _, token = min(due)
-                    _, request = self._pending.pop(token)
+                    requests = []
+                    for _, token in due:
+                        _, request = self._pending.pop(token)
+                        self._previous[token] = self._last.get(token)
+                        self._last[token] = now  # a request arriving meanwhile waits its turn
+                        requests.append(request)
                     self._busy_since = now
-                    self._previous = self._last.get(token)
-                    self._last[token] = now  # a request arriving meanwhile waits its turn
-                    return request, self._settings
+                    return requests, self._settings
                 soonest = min((d for d, _ in self._pending.values()), default=None)
                 self._cond.wait(None if soonest is None else max(0.01, soonest - now))
 
@@ -284,18 +290,33 @@ class Restarter(lifecycle.StartStop):
             item = self._next_due()
             if isinstance(item, _Stop):
                 return
-            request, settings = item
-            try:
-                result = apply_change(settings, request)
+            requests, settings = item
+            try:  # one systemctl call for the whole batch
+                states = active_states(settings, [r.token for r in requests])
             except Exception:
-                log.exception("unit.restart_crashed", slot=request.name)
-                result = RestartResult.FAILED
+                log.exception("unit.state_query_crashed", units=len(requests))
+                states = {}
+            for request in requests:
+                with self._cond:
+                    if self._stop is not None:
+                        break  # stopping: the rest is not applied (the files are written)
+                    self._busy_since = time.monotonic()  # "stuck" is per restart, not per batch
+                try:
+                    result = apply_change(settings, request, active=states.get(request.token))
+                except Exception:
+                    log.exception("unit.restart_crashed", slot=request.name)
+                    result = RestartResult.FAILED
+                self._done(request, result)
             with self._cond:
                 self._busy_since = None
-                self.results[result] += 1
-                if result in {RestartResult.INACTIVE, RestartResult.UNKNOWN_STATE}:
-                    # nothing was done: it does not count against the rate limit
-                    if self._previous is None:
-                        self._last.pop(request.token, None)
-                    else:
-                        self._last[request.token] = self._previous
+
+    def _done(self, request: RestartRequest, result: RestartResult) -> None:
+        with self._cond:
+            self.results[result] += 1
+            previous = self._previous.pop(request.token, None)
+            if result in {RestartResult.INACTIVE, RestartResult.UNKNOWN_STATE}:
+                # nothing was done: it does not count against the rate limit
+                if previous is None:
+                    self._last.pop(request.token, None)
+                else:
+                    self._last[request.token] = previous

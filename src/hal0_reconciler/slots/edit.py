@@ -30,8 +30,10 @@ byte-minimal.
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,14 +54,19 @@ class EditResult:
     note: str | None = None  # why the byte-minimal rewrite was not possible
 
 
-def set_device(text: str, *, table: tuple[str, ...], new: str) -> EditResult:
+def set_device(
+    text: str, *, table: tuple[str, ...], new: str, parsed: Mapping[str, Any] | None = None
+) -> EditResult:
     """Set `device = new` in `table` (`()` is the root) and drop `backend` from that table.
 
     Text that already says so is returned unchanged. Raises EditRefused when the text is not
     TOML, the table does not exist, or no rewrite can be verified. Pure: a dry run calls it to
-    learn beforehand whether the write would be byte-minimal (and why not).
+    learn beforehand whether the write would be byte-minimal (and why not). ``parsed``: the
+    caller's ``tomllib.loads(text)`` of exactly this text (copied, not changed), so the text is
+    not parsed once more.
     """
-    expected = _load(text)  # parsed here: ours to change into the intended document
+    # ours to change into the intended document
+    expected = _load(text) if parsed is None else copy.deepcopy(dict(parsed))
     target = _table(expected, table)
     if target.get("device") == new and "backend" not in target:
         return EditResult(text, byte_minimal=True)

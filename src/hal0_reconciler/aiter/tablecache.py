@@ -1,0 +1,185 @@
+"""Parsed tuned tables kept on disk, so a check in a new process parses only what changed.
+
+An entry is keyed by the table's path and identity ``(dev, inode, size, mtime_ns)``, the route
+it was read for (its full definition, hashed) and the targets; it holds exactly what
+``tables.parse_table`` returned. Only *settled* reads are stored: a table whose ctime was less
+than ``SETTLED_NS`` before the read could be rewritten within the same clock tick with an equal
+identity, so it is parsed again next time. The file carries this package's version: another
+version's parser may read tables differently, so its entries are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hal0_reconciler import __version__, fsio
+from hal0_reconciler.aiter import routing, tables
+
+CACHE_VERSION = 1
+SETTLED_NS = 1_000_000_000
+
+Identity = tuple[int, int, int, int]
+
+
+def key_of(
+    path: Path,
+    identity: Identity,
+    route: routing.TableRoute,
+    targets: frozenset[tables.Target],
+    key_columns: tuple[str, ...] = (),
+) -> str:
+    """The entry's key: the file as it is, and everything ``parse_table`` was asked."""
+    asked = hashlib.sha256(repr((route, key_columns)).encode()).hexdigest()[:16]
+    shown_targets = ",".join(str(t) for t in sorted(targets))
+    return f"{path}|{':'.join(map(str, identity))}|{asked}|{shown_targets}"
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+_SHAPE = (
+    _fields(tables.Table),
+    _fields(tables.KernelRow),
+    _fields(tables.BrokenRow),
+    _fields(tables.Shape),
+)
+_KNOWN = (
+    ("rows", "digest", "data_rows", "other_target_rows", "uncompiled_rows", "quirks", "broken",
+     "shapes"),
+    ("name", "line", "module", "gfx", "cu_num"),
+    ("line", "module", "reason"),
+    ("line", "key", "us"),
+)  # fmt: skip
+ENABLED = _SHAPE == _KNOWN
+"""False when ``tables`` grew a field this encoding does not carry: nothing is cached then
+(never a table decoded without it)."""
+
+
+def settled(st: os.stat_result, *, read_at_ns: int) -> bool:
+    return st.st_ctime_ns < read_at_ns - SETTLED_NS
+
+
+class TableCache:
+    """Entries from ``path`` (None: memory only); ``save`` writes them when they changed."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._entries: dict[str, Any] = {}
+        self._used: set[str] = set()
+        self._dirty = False
+        if path is not None:
+            self._load(path)
+
+    def get(self, key: str) -> tables.Table | None:
+        if not ENABLED:
+            return None
+        raw = self._entries.get(key)
+        if raw is None:
+            return None
+        try:
+            table = _decode(raw)
+        except (KeyError, TypeError, ValueError, IndexError):
+            del self._entries[key]
+            self._dirty = True
+            return None
+        self._used.add(key)
+        return table
+
+    def put(self, key: str, table: tables.Table) -> None:
+        if not ENABLED:
+            return
+        self._entries[key] = _encode(table)
+        self._used.add(key)
+        self._dirty = True
+
+    def save(self) -> None:
+        """Keep the entries used since the last save; write when anything changed. OSError."""
+        stale = self._entries.keys() - self._used
+        if stale:
+            for key in stale:
+                del self._entries[key]
+            self._dirty = True
+        self._used = set()
+        if self._path is None or not self._dirty:
+            return
+        payload = {"version": CACHE_VERSION, "package": __version__, "tables": self._entries}
+        fsio.write_json(self._path, payload, separators=(",", ":"))
+        self._dirty = False
+
+    def _load(self, path: Path) -> None:
+        try:
+            raw = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return  # absent or unreadable: everything is parsed again
+        if (
+            isinstance(raw, dict)
+            and raw.get("version") == CACHE_VERSION
+            and raw.get("package") == __version__
+            and isinstance(raw.get("tables"), dict)
+        ):
+            self._entries = raw["tables"]
+
+
+def _encode(table: tables.Table) -> dict[str, Any]:
+    names: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    rows = [
+        [
+            names.setdefault(r.name, len(names)),
+            r.line,
+            modules.setdefault(r.module, len(modules)),
+            r.gfx,
+            r.cu_num,
+        ]
+        for r in table.rows
+    ]
+    return {
+        "names": list(names),
+        "modules": list(modules),
+        "rows": rows,
+        "digest": table.digest,
+        "counts": [table.data_rows, table.other_target_rows, table.uncompiled_rows],
+        "quirks": list(table.quirks),
+        "broken": [[b.line, b.module, b.reason] for b in table.broken],
+        "shapes": [[s.line, list(s.key), s.us] for s in table.shapes],
+    }
+
+
+def _decode(raw: dict[str, Any]) -> tables.Table:
+    names = [str(n) for n in raw["names"]]
+    modules = [str(m) for m in raw["modules"]]
+    rows = tuple(
+        tables.KernelRow(
+            names[n],
+            int(line),
+            modules[m],
+            None if gfx is None else str(gfx),
+            None if cu is None else int(cu),
+        )
+        for n, line, m, gfx, cu in raw["rows"]
+    )
+    data_rows, other, uncompiled = (int(c) for c in raw["counts"])
+    return tables.Table(
+        rows,
+        str(raw["digest"]),
+        data_rows,
+        other,
+        uncompiled,
+        tuple(map(str, raw["quirks"])),
+        tuple(tables.BrokenRow(int(a), str(b), str(c)) for a, b, c in raw["broken"]),
+        tuple(
+            tables.Shape(int(line), tuple(map(str, key)), float(us))
+            for line, key, us in raw["shapes"]
+        ),
+    )
+
+
+def now_ns() -> int:
+    return time.time_ns()

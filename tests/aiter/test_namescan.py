@@ -1,0 +1,64 @@
+"""The prefix-grouped name search answers exactly what the registry rule says: a name is
+registered when its bytes followed by a NUL occur in the module."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hal0_reconciler.aiter import namescan, registry
+
+ALPHABET = st.sampled_from(list(b"ab_x0\x00\x01 ~\xff"))
+NAME_CHARS = st.sampled_from(list("ab_x0 ~\x01é"))
+
+
+def _rule(data: bytes, name: str) -> bool:
+    raw = name.encode("utf-8", "surrogateescape")
+    return bool(raw) and (raw + b"\x00") in data
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.lists(ALPHABET, max_size=200).map(bytes),
+    names=st.sets(st.text(NAME_CHARS, max_size=12), max_size=8),
+    plant=st.integers(0, 7),
+)
+def test_matches_the_rule(data: bytes, names: set[str], plant: int) -> None:
+    ordered = sorted(names)
+    if ordered:  # plant one name, often as the tail of a longer string
+        data += b"zz" + ordered[plant % len(ordered)].encode() + b"\x00"
+    answer = registry.registered_in(data, names)
+    assert {n: _rule(data, n) for n in names} == answer
+    assert answer == registry.registered_in_runs(data, names)
+
+
+def test_many_unrelated_names_take_the_single_pass() -> None:
+    names = {f"{i:02d}_name_{i}" for i in range(40)}  # 40 prefixes: more than the groups cap
+    data = b"\x00".join(n.encode() for n in sorted(names)[::2]) + b"\x00"
+    calls: list[int] = []
+
+    def fallback(d: bytes | mmap.mmap, wanted: set[str]) -> dict[str, bool]:
+        calls.append(len(wanted))
+        return registry.registered_in_runs(d, wanted)
+
+    answer = namescan.registered_in(data, names, fallback=fallback)
+    assert [40] == calls
+    assert {n: _rule(data, n) for n in names} == answer
+
+
+def test_over_a_mapped_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.so"
+    path.write_bytes(b"\x00" * 4096 + b"xkernel_a_1\x00kernel_a_12\x00" + b"\x7f" * 100)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        got = registry.registered_in(mm, {"kernel_a_1", "kernel_a_12", "kernel_a", "el_a_1"})
+    assert {"kernel_a_1": True, "kernel_a_12": True, "kernel_a": False, "el_a_1": True} == got
+
+
+def test_an_occurrence_overlapping_an_earlier_prefix_hit_is_found() -> None:
+    """ "kk_kk_1" in "kk_kk_kk_1": the prefix hits at 0, 3 and 6; only 3 ends at the NUL."""
+    data = b"\x00kk_kk_kk_1\x00"
+    assert {"kk_kk_1": True} == registry.registered_in(data, {"kk_kk_1"})
+    assert {"aa": True} == registry.registered_in(b"aaa\x00", {"aa"})

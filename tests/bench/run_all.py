@@ -1,0 +1,455 @@
+"""Every benchmark at one size, ONE table of figures and ratios measured in this run.
+
+    python tests/bench/run_all.py [--size 1000] [--repeats 3] [--only relabel,aiter,...]
+
+Run as root (device nodes, the probe). Each pair (ours, baseline) is measured back to back,
+``--repeats`` times; the table shows min / median / max of the per-pair ratio (and of our own
+figure). Figures, never assertions: speed targets live here, not in the test suite.
+
+The slot world is an AMD host with a usable ROCm lane and a hal0 of the "ade07ba" era, whose
+default image is not Vulkan-capable: every unpinned ``gpu-vulkan`` slot is relabelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import world as world_mod  # noqa: E402
+
+from helpers.notify_socket import NotifySocket  # noqa: E402
+
+
+@dataclass
+class Row:
+    measure: str
+    ours: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    unit: str = "s"
+    target: str = ""
+    note: str = ""
+    ratio_of: str = "ours/base"
+
+    def ratios(self) -> list[float]:
+        return [o / b for o, b in zip(self.ours, self.base, strict=False) if b > 0]
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def timed_child(
+    argv: list[str], **kwargs: object
+) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
+    """(wall, CPU) of one child process."""
+    cpu0 = _children_cpu()
+    t0 = time.perf_counter()
+    done = world_mod.run(argv, **kwargs)
+    wall = time.perf_counter() - t0
+    return wall, _children_cpu() - cpu0, done
+
+
+def fmt(values: list[float], unit: str) -> str:
+    if not values:
+        return "-"
+    scale, suffix = {"s": (1000, " ms"), "ms": (1, " ms"), "x": (1, "x"), "n": (1, "")}[unit]
+    if unit == "x":
+        lo, mid, hi = min(values), statistics.median(values), max(values)
+        return f"{lo:.2f}/{mid:.2f}/{hi:.2f}x"
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    if unit == "n":
+        return f"{mid:g}" if lo == hi else f"{lo:g}/{mid:g}/{hi:g}"
+    return f"{lo * scale:.1f}/{mid * scale:.1f}/{hi * scale:.1f}{suffix}"
+
+
+# --- slot passes: `once` against the one-shot migration ---------------------------------------------
+
+
+def bench_relabel(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    wall = Row(f"relabel pass, {size} slots: `once` vs one-shot migration (wall)", target="<= 2x")
+    cpu = Row(f"relabel pass, {size} slots: CPU per file", unit="s", target="-")
+    calls = Row(
+        "unit-state queries (systemctl calls) per relabel pass",
+        unit="n",
+        target="1 per pass",
+        ratio_of="",
+    )
+    base_cmd = [sys.executable, str(HERE / "baseline_migrate.py"), str(w.slots)]
+    for _ in range(repeats):
+        w.refill(size)
+        w.reset_systemctl_log()
+        t, c, done = timed_child(w.argv("once", "--log-format", "json"))
+        if done.returncode != 0:
+            raise SystemExit(f"once failed: {done.stderr.decode()[-2000:]}")
+        relabelled = done.stderr.count(b"slot.relabeled")
+        if relabelled != size:
+            raise SystemExit(f"once relabelled {relabelled} of {size}: the world is wrong")
+        calls.ours.append(len(w.systemctl_calls()))
+        w.refill(size)
+        tb, cb, _ = timed_child(base_cmd)
+        wall.ours.append(t)
+        wall.base.append(tb)
+        cpu.ours.append(c / size)
+        cpu.base.append(cb / size)
+    wall.note = "fsync per written file + the folder once, both sides"
+    cpu.unit = "us"
+    return [wall, cpu, calls]
+
+
+def bench_nochange(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    row = Row(f"no-change pass, {size} slots: `once` vs migration (wall)", target="-")
+    base_cmd = [sys.executable, str(HERE / "baseline_migrate.py"), str(w.slots)]
+    w.refill(size, device="gpu-rocm")
+    for _ in range(repeats):
+        t, _, _ = timed_child(w.argv("once", "--log-format", "json"))
+        tb, _, _ = timed_child(base_cmd)
+        row.ours.append(t)
+        row.base.append(tb)
+    return [row]
+
+
+def bench_daemon_pass(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    """The daemon's full pass (``Passes.process`` for the EVERYTHING key: the slots, status
+    bookkeeping) with nothing to do, in-process, host facts given (the probe is a fixed cost
+    apart from the slots), vs the migration's no-change pass (read + parse each file), CPU."""
+    rows = []
+    for n in (size, size * 10):
+        row = Row(
+            f"no-change full pass in the daemon, {n} slots: CPU vs the migration's no-change pass",
+            target="<= 0.1x",
+        )
+        row.note = "Passes.process(EVERYTHING), host facts given"
+        rows.append(row)
+        w.refill(n, device="gpu-rocm")
+        time.sleep(1.1)  # the files' last change is a second old: their reads are settled
+        worker, batch = _passes(w)
+        worker.process(batch)  # type: ignore[attr-defined]  # the first pass reads and parses every file
+        for _ in range(repeats):
+            c0 = time.process_time()
+            worker.process(batch)
+            row.ours.append(time.process_time() - c0)
+            c0 = time.process_time()
+            _migrate(w.slots)
+            row.base.append(time.process_time() - c0)
+    return rows
+
+
+def _migrate(folder: Path) -> None:
+    import baseline_migrate
+
+    baseline_migrate.migrate(folder)
+
+
+def _passes(w: world_mod.World) -> tuple[object, object]:
+    import structlog
+
+    from hal0_reconciler import settings as settings_mod
+    from hal0_reconciler.aiter import monitor
+    from hal0_reconciler.daemon import passes, runner, selfheal, workqueue
+    from hal0_reconciler.host import units
+    from hal0_reconciler.model import HostFacts, LaneState
+
+    structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+    settings = settings_mod.load(None, w.overrides())
+    facts = HostFacts(amd=True, lane=LaneState.USABLE)
+    clock = workqueue.SystemClock()
+    worker = passes.Passes(
+        settings,
+        clock=clock,
+        gather=lambda _s: facts,
+        reconciler_factory=runner.default_reconciler,
+        restarter=units.Restarter(settings),
+        selfheal_=selfheal.SelfHeal(settings, factory=monitor.AiterMonitor, clock=clock),
+        wake=lambda: None,
+    )
+    everything = workqueue.Batch(keys=frozenset({workqueue.Special.EVERYTHING}), events=1)
+    return worker, everything
+
+
+# --- the daemon ------------------------------------------------------------------------------------
+
+
+def _cpu(proc: psutil.Process) -> float:
+    """CPU seconds of the process's threads, to the nanosecond (schedstat), when it can."""
+    try:
+        total = 0
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        t = proc.cpu_times()
+        return t.user + t.system
+    return total / 1e9
+
+
+@contextlib.contextmanager
+def daemon(w: world_mod.World, **settings: str) -> Iterator[tuple[psutil.Process, NotifySocket]]:
+    sock = NotifySocket()
+    sock.start()
+    env = {**world_mod.env(), "NOTIFY_SOCKET": str(sock.path)}
+    child = subprocess.Popen(
+        w.argv("run", "--log-format", "json", **settings),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sock.wait_for("READY=1", timeout=300)
+        yield psutil.Process(child.pid), sock
+    finally:
+        child.terminate()
+        try:
+            child.wait(15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        sock.stop()
+
+
+def hal0_write(path: Path, text: str) -> None:
+    """How hal0 saves a slot: temp file, rename."""
+    tmp = path.with_name(f".{path.name}.hal0tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
+def is_relabelled(path: Path) -> bool:
+    try:
+        return b'"gpu-rocm"' in path.read_bytes()
+    except OSError:
+        return False
+
+
+def wait_relabelled(path: Path, timeout: float = 30) -> float:
+    start = time.monotonic()
+    while not is_relabelled(path):
+        if time.monotonic() - start > timeout:
+            raise SystemExit(f"{path} not relabelled within {timeout}s")
+        time.sleep(0.0005)
+    return time.monotonic() - start
+
+
+def per_save_cpu(w: world_mod.World, size: int, saves: int) -> tuple[float, list[float]]:
+    """Daemon CPU per single-file save (the echo of its own write included), and latencies."""
+    w.refill(size, device="gpu-rocm")
+    latencies = []
+    with daemon(w) as (proc, _):
+        time.sleep(1.0)
+        cpu0 = _cpu(proc)
+        for i in range(saves):
+            target = w.slots / f"s{i}.toml"
+            t0 = time.monotonic()
+            hal0_write(target, world_mod.slot_text(i))
+            latencies.append(time.monotonic() - t0 + wait_relabelled(target))
+            time.sleep(0.6)  # the echo of the daemon's own write settles too
+        cpu = (_cpu(proc) - cpu0) / saves
+    return cpu, latencies
+
+
+def bench_events(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    row = Row(f"daemon CPU per single-file save, {size * 10} vs {size} slots", target="<= 1.5x")
+    small = Row(f"daemon CPU per single-file save, {size} slots", unit="s", ratio_of="")
+    lat = Row(
+        f"save -> relabel latency, {size} slots (p50 of each run)",
+        unit="s",
+        ratio_of="",
+        target="keep ~205 ms (settle 200 ms)",
+    )
+    for _ in range(repeats):
+        c_small, latencies = per_save_cpu(w, size, 20)
+        c_big, _ = per_save_cpu(w, size * 10, 20)
+        row.ours.append(c_big)
+        row.base.append(c_small)
+        small.ours.append(c_small)
+        lat.ours.append(statistics.median(latencies))
+    row.ratio_of = "10x/1x"
+    return [row, small, lat]
+
+
+def bench_burst(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    row = Row(
+        f"burst of 1000 new files onto {size} slots: done after the last write",
+        unit="s",
+        ratio_of="",
+        target="<= 1.5 s",
+    )
+    for _ in range(repeats):
+        w.refill(size, device="gpu-rocm")
+        with daemon(w):
+            time.sleep(0.5)
+            paths = [w.slots / f"burst{n}.toml" for n in range(1000)]
+            for n, path in enumerate(paths):
+                hal0_write(
+                    path, world_mod.slot_text(size + n).replace(f's{size + n}"', f'burst{n}"')
+                )
+            last = time.monotonic()
+            for path in paths:
+                wait_relabelled(path, timeout=120)
+            row.ours.append(time.monotonic() - last)
+    return [row]
+
+
+def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    row = Row(
+        f"READY, {size} slots, nothing to do (from exec)", unit="s", ratio_of="", target="<= 250 ms"
+    )
+    w.refill(size, device="gpu-rocm")
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        with daemon(w) as (_, sock):
+            ready_at = next(t for t, m in sock.timed() if m == "READY=1")
+        row.ours.append(ready_at - t0)
+    return [row]
+
+
+def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    row = Row("`plan` on an empty folder, CPU, vs `python3 -c 'import tomllib'`", target="<= 2x")
+    row.note = "not an AMD host (this machine): no probe"
+    amd = Row(
+        "`plan` on an empty folder of an AMD host, CPU (the probe runs as the service "
+        "user in a second interpreter)",
+        ratio_of="",
+    )
+    w.refill(0)
+    for _ in range(max(repeats, 5)):
+        _, c, done = timed_child(w.argv("plan", amdgpu_module_dir=str(w.root / "no-amdgpu")))
+        if done.returncode != 0:
+            raise SystemExit(f"plan failed: {done.stderr.decode()[-2000:]}")
+        _, cb, _ = timed_child([sys.executable, "-c", "import tomllib"])
+        _, ca, _ = timed_child(w.argv("plan"))
+        row.ours.append(c)
+        row.base.append(cb)
+        amd.ours.append(ca)
+    return [row, amd]
+
+
+# --- aiter ------------------------------------------------------------------------------------------
+
+
+def bench_aiter(_w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    import aiter_world
+
+    scan = Row(
+        "aiter registry scan (every module, its names) vs one Python read of the modules",
+        target="<= 3x",
+    )
+    cold = Row(
+        "aiter cold check (tables parsed, modules scanned) vs one Python read of the modules",
+        target="-",
+    )
+    upstream = Row("aiter cold check vs upstream-style preflight", target="-")
+    warm = Row(
+        "aiter warm check in a new process (on-disk caches)",
+        unit="s",
+        ratio_of="",
+        target="<= 100 ms",
+    )
+    with aiter_world.AiterWorld(mb=max(4, size // 25)) as aw:
+        for _ in range(repeats):
+            aw.drop_caches()
+            t_read = aw.python_read()
+            scan.ours.append(aw.registry_scan())
+            scan.base.append(aw.python_read())
+            t_cold = aw.check_in_child()
+            t_up = aw.upstream_preflight()
+            t_warm = aw.check_in_child()
+            cold.ours.append(t_cold)
+            cold.base.append(t_read)
+            upstream.ours.append(t_cold)
+            upstream.base.append(t_up)
+            warm.ours.append(t_warm)
+        scan.note = f"{aw.describe()}; page cache warm for both"
+    return [scan, cold, upstream, warm]
+
+
+BENCHES: dict[str, Callable[[world_mod.World, int, int], list[Row]]] = {
+    "relabel": bench_relabel,
+    "nochange": bench_nochange,
+    "daemonpass": bench_daemon_pass,
+    "events": bench_events,
+    "burst": bench_burst,
+    "ready": bench_ready,
+    "plan": bench_plan_empty,
+    "aiter": bench_aiter,
+}
+
+
+def table(rows: list[Row]) -> str:
+    head = ("measure", "ours min/med/max", "baseline min/med/max", "ratio min/med/max", "target")
+    lines = [head]
+    for r in rows:
+        unit = r.unit
+        ours = r.ours
+        base = r.base
+        if unit == "us":
+            ours = [x * 1e6 for x in ours]
+            base = [x * 1e6 for x in base]
+            unit = "n"
+        ratio = fmt(r.ratios(), "x") + (f" ({r.ratio_of})" if r.ratio_of and r.base else "")
+        lines.append(
+            (
+                r.measure + (f" [{r.note}]" if r.note else ""),
+                fmt(ours, unit) + (" us" if r.unit == "us" else ""),
+                (fmt(base, unit) + (" us" if r.unit == "us" else "")) if base else "-",
+                ratio if r.base else "-",
+                r.target,
+            )
+        )
+    out = ["| " + " | ".join(cells) + " |" for cells in lines]
+    out.insert(1, "|" + "---|" * len(head))
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated: " + ",".join(BENCHES))
+    ap.add_argument("--json", type=Path, help="also write the raw figures here")
+    opts = ap.parse_args()
+    if os.geteuid() != 0:
+        print("run as root: the benchmarks make device nodes and run the probe", file=sys.stderr)
+        return 1
+    chosen = [n for n in (opts.only.split(",") if opts.only else BENCHES) if n]
+    rows: list[Row] = []
+    world_mod.compile_sources()
+    w = world_mod.World()
+    started = time.monotonic()
+    try:
+        for name in chosen:
+            t0 = time.monotonic()
+            try:
+                rows += BENCHES[name](w, opts.size, opts.repeats)
+            except (Exception, SystemExit) as exc:  # the others still make the table
+                rows.append(Row(f"{name}: FAILED ({exc!r:.200})", ratio_of=""))
+            print(f"# {name}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        w.close()
+    load = os.getloadavg()[0]
+    print(
+        f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs (load {load:.1f}), "
+        f"python {sys.version.split()[0]}, {time.monotonic() - started:.0f} s"
+    )
+    print(table(rows))
+    if opts.json:
+        opts.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

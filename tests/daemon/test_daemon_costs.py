@@ -1,0 +1,161 @@
+"""The daemon's costs as behaviour: READY's first pass does not wait for a settle window; a
+batch that changed nothing (the echo of its own write) rewrites neither status.json nor the
+metrics; status.json re-renders only the slot entries that changed."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hal0_reconciler.daemon import statusjson
+from hal0_reconciler.daemon.workqueue import Special, WorkQueue
+from hal0_reconciler.model import SlotKey
+from helpers.daemon_host import Host, drop_slot, running, wait_until
+
+
+class _Clock:
+    now = 50.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_settled_key_is_taken_at_once() -> None:
+    clock = _Clock()
+    queue = WorkQueue(settle=0.2, cap=2.0, clock=clock)
+    queue.add(Special.EVERYTHING, settled=True)
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert batch.everything
+    queue.done(batch)
+    queue.add(SlotKey("/s/a.toml"))  # an ordinary event still settles
+    assert queue.take(clock.now) is None
+
+
+def test_status_fragments_render_only_what_changed() -> None:
+    slots = {SlotKey(f"/s/{n}.toml"): {"status": "unchanged", "name": str(n)} for n in range(3)}
+    renderer = statusjson.SlotsJson()
+    first = renderer.render(slots)
+    assert {f"{n}.toml": slots[SlotKey(f"/s/{n}.toml")] for n in range(3)} == json.loads(first)
+    changed = SlotKey("/s/1.toml")
+    slots[changed] = {"status": "relabeled", "name": "1"}
+    cache = renderer._cache
+    kept = {k: v[1] for k, v in cache.items()}
+    second = renderer.render(slots)
+    assert "relabeled" == json.loads(second)["1.toml"]["status"]
+    again = renderer._cache
+    assert all(again[k][1] is kept[k] for k in slots if k != changed)  # the same strings
+    snapshot = {"b": 1, "slots": second, "a": [1, "x"], "0": statusjson.Raw(b'{"z": "\xc3\xa9"}')}
+    text = b"".join(statusjson.dumps(snapshot))
+    assert {"0": {"z": "é"}, "a": [1, "x"], "b": 1, "slots": json.loads(second)} == json.loads(text)
+    assert {} == json.loads(b"".join(statusjson.dumps({"slots": renderer.render({})})))["slots"]
+
+
+def test_the_echo_of_its_own_write_rewrites_no_status(host: Host, notify_socket) -> None:
+    prom = host.root / "metrics/hal0.prom"
+    settings = host.settings(metrics_textfile=str(prom))
+    status_file = Path(settings.runtime_dir) / "status.json"
+    with running(settings) as daemon:
+        notify_socket.wait_for("READY=1")
+        target = drop_slot(host.slots, "agent")
+
+        def shown() -> dict[str, str]:
+            try:
+                return dict(json.loads(status_file.read_text())["slots"]["agent.toml"])
+            except (OSError, ValueError, KeyError):
+                return {}
+
+        wait_until(lambda: shown().get("status") == "relabeled", what="the relabel shown")
+        ident = (status_file.stat().st_ino, prom.stat().st_ino)
+        # the first full pass, the relabel's batch, then the echo of the daemon's own write
+        wait_until(lambda: daemon.stats().passes >= 3, what="the echo's pass")
+        time.sleep(0.3)
+        assert ident == (status_file.stat().st_ino, prom.stat().st_ino)
+        assert ("relabeled", "gpu-rocm") == (shown()["status"], shown()["device"])  # the news
+        passes = daemon.stats().passes
+        same = target.read_bytes()
+        tmp = target.with_name(".agent.toml.new")
+        tmp.write_bytes(same)  # a save of the same bytes: a pass that changes nothing
+        tmp.rename(target)
+        wait_until(lambda: daemon.stats().passes > passes, what="a pass for the save")
+        time.sleep(0.3)
+        assert ident == (status_file.stat().st_ino, prom.stat().st_ino)
+        assert "relabeled" == shown()["status"]
+
+
+def test_reads_of_watched_files_are_left_out_of_the_inotify_mask() -> None:
+    """A process that only reads slot files (hal0 does, often) costs the daemon nothing where
+    watchdog can filter (>= 5); an observer without ``event_filter`` is called as before."""
+    from watchdog import events
+    from watchdog.observers import Observer
+
+    from hal0_reconciler.daemon import watch
+
+    kinds = set(watch._filtered(Observer).get("event_filter", ()))
+    if not kinds:
+        assert "event_filter" not in str(inspect.signature(Observer.schedule))
+        return
+    assert not kinds & {events.FileOpenedEvent, events.FileClosedNoWriteEvent}
+    wanted = {
+        events.FileCreatedEvent,
+        events.FileModifiedEvent,
+        events.FileClosedEvent,
+        events.FileDeletedEvent,
+        events.FileMovedEvent,
+        events.DirCreatedEvent,
+        events.DirDeletedEvent,
+        events.DirMovedEvent,
+    }
+    assert wanted <= kinds
+
+    class Old:
+        def schedule(self, handler: object, path: str, *, recursive: bool = False) -> None: ...
+
+    assert {} == watch._filtered(Old())
+
+
+def test_incremental_status_fragments_match_a_full_render() -> None:
+    """Told which slots changed, the renderer touches only those, and shows what a renderer
+    looking at every slot shows."""
+    slots = {SlotKey(f"/s/{n}.toml"): {"status": "unchanged", "n": n} for n in range(5)}
+    incremental = statusjson.SlotsJson()
+    incremental.render(slots)
+    steps = [
+        ("/s/1.toml", {"status": "relabeled", "n": 1}),
+        ("/s/9.toml", {"status": "unreadable", "n": 9}),  # a new file
+        ("/s/3.toml", None),  # gone
+    ]
+    for key, entry in steps:
+        if entry is None:
+            del slots[SlotKey(key)]
+        else:
+            slots[SlotKey(key)] = entry
+        shown = json.loads(incremental.render(slots, changed={SlotKey(key)}))
+        assert json.loads(statusjson.SlotsJson().render(slots)) == shown
+    stale = json.loads(incremental.render(slots, changed=set()))  # nothing said to change
+    assert {f"{n}.toml" for n in (0, 1, 2, 4, 9)} == set(stale)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["unchanged", "relabeled", None]))))
+def test_any_sequence_of_slot_changes_renders_like_a_full_render(
+    steps: list[tuple[int, str | None]],
+) -> None:
+    slots: dict[SlotKey, dict[str, object]] = {
+        SlotKey(f"/s/{n}.toml"): {"status": "unchanged"} for n in range(3)
+    }
+    incremental = statusjson.SlotsJson()
+    incremental.render(slots)
+    for n, status in steps:
+        key = SlotKey(f"/s/{n}.toml")
+        if status is None:
+            slots.pop(key, None)
+        else:
+            slots[key] = {"status": status}
+        shown = json.loads(incremental.render(slots, changed={key}))
+        assert json.loads(statusjson.SlotsJson().render(slots)) == shown
