@@ -111,7 +111,8 @@ def test_a_recreated_slots_folder_is_watched_again(tree: Path) -> None:
         wait_until(lambda: Special.EVERYTHING in keys.seen, what="EVERYTHING for the folder")
         assert Trigger.REWATCHED in watcher.check(), "the new slots folder was not re-watched"
         assert str(slots) in watcher.health().watched
-        assert [] == watcher.check(), "a re-watch is asked for again on every look"
+        # later events of the same re-creation may ask once more, but not on every look
+        wait_until(lambda: watcher.check() == [], what="a look that asks for no re-watch")
         keys.seen.clear()
         (slots / "agent.toml").write_text("x = 1\n")
         wait_until(
