@@ -106,12 +106,27 @@ def test_missing_module_is_none():
     assert None is registry.Registry(None).scan(registry.Path("/nonexistent/module_x.so"), ["a"])
 
 
-def test_corrupt_cache_reads_as_empty(tmp_path):
-    """An unreadable cache file is ignored (and said so), not fatal."""
+def test_corrupt_cache_reads_as_empty(plain_so, tmp_path):
+    """An unreadable cache file (here a good one cut short) is ignored and said so, not fatal:
+    nothing is taken from it (the module is read again), and the next save writes a good one."""
+    so = tmp_path / "module_x.so"
+    shutil.copyfile(plain_so, so)
     cache = tmp_path / "registry.json"
-    cache.write_text("{not json")
+    good = registry.Registry(cache)
+    good.scan(so, NAMES)
+    good.save()
+    cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
     reg = registry.Registry(cache)
-    assert reg.load_error is not None
+    assert reg.load_error is not None, "a torn cache file was not reported"
+    scan = reg.scan(so, NAMES)
+    assert scan is not None
+    assert (1, True) == (reg.reads, scan.read), "a corrupt cache did not read as empty"
+    assert all(scan.registered.values())
+    reg.save()
+    again = registry.Registry(cache)
+    assert (None, False) == (again.load_error, again.scan(so, NAMES).read), (
+        "the cache was not rewritten whole after a corrupt one"
+    )
 
 
 def test_a_cache_of_another_version_is_ignored(tmp_path):
@@ -125,3 +140,26 @@ def test_a_cache_of_another_version_is_ignored(tmp_path):
     reg = registry.Registry(cache)
     assert reg.load_error is not None
     assert "version" in reg.load_error
+    assert None is reg.scan(registry.Path("/x.so"), ["k"]), "another version's entry was used"
+
+
+def test_a_cache_of_another_version_is_not_believed(plain_so, tmp_path):
+    """Another version's answers for the very same file are not used: the module is read."""
+    import json
+
+    so = tmp_path / "module_x.so"
+    shutil.copyfile(plain_so, so)
+    cache = tmp_path / "registry.json"
+    good = registry.Registry(cache)
+    good.scan(so, NAMES)
+    good.save()
+    raw = json.loads(cache.read_text())
+    raw["version"] += 1
+    raw["modules"][str(so)]["names"] = dict.fromkeys(NAMES, False)
+    cache.write_text(json.dumps(raw))
+    reg = registry.Registry(cache)
+    scan = reg.scan(so, NAMES)
+    assert scan is not None
+    assert (1, True) == (reg.reads, all(scan.registered.values())), (
+        "another version's cache was believed"
+    )

@@ -97,3 +97,15 @@ def test_a_probe_that_could_not_run_passes_through_and_restarts_the_grace() -> N
     assert LaneState.UNKNOWN == lane.observe(HostFacts(amd=True, lane=LaneState.UNKNOWN)).facts.lane
     clock.now += 600
     assert LaneState.UNSETTLED == lane.observe(UNUSABLE).facts.lane
+
+
+def test_during_the_grace_the_lane_is_probed_every_5_s_and_at_its_end() -> None:
+    """While the grace runs, the next probe is due 5 s later, or when the grace ends if sooner
+    (a lane that stays down is demoted on time, not up to a recheck late)."""
+    clock = FakeClock()
+    lane = LaneTracker(grace=60, clock=clock)
+    assert 1005.0 == lane.observe(UNUSABLE).recheck_at, "recheck not 5 s after the probe"
+    clock.now = 1058.0
+    assert 1060.0 == lane.observe(UNUSABLE).recheck_at, "recheck not at the end of the grace"
+    clock.now = 1060.0
+    assert lane.observe(UNUSABLE).recheck_at is None, "rechecks go on after the grace"

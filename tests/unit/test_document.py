@@ -279,7 +279,9 @@ def test_parse_slot_raises_only_slot_parse_error(text: str) -> None:
 def _fixture_files() -> list[Path]:
     if not FIXTURES.is_dir():
         pytest.skip(f"hal0 slot fixtures not present at {FIXTURES}")
-    return sorted(FIXTURES.glob("*.toml"))
+    files = sorted(FIXTURES.glob("*.toml"))
+    assert files, f"{FIXTURES} holds no slot files: the seed-file checks would check nothing"
+    return files
 
 
 def test_hal0_seed_files_parse_as_flat_slots_named_after_their_stem() -> None:

@@ -278,7 +278,10 @@ def _execute(
     qdir: Path, pairs: list[Move], manifest: dict[str, Any], modules: tuple[str, ...]
 ) -> Quarantine:
     try:
-        qdir.mkdir(parents=True)
+        qdir.mkdir(parents=True)  # never into a folder that exists (another heal's): not ours
+    except OSError as exc:
+        raise HealFailed(f"cannot create quarantine {qdir}: {exc}; nothing was moved") from None
+    try:
         fsio.write_json(qdir / MANIFEST, manifest, indent=1)
     except OSError as exc:
         shutil.rmtree(qdir, ignore_errors=True)
