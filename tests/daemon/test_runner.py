@@ -13,6 +13,7 @@ from hal0_reconciler.daemon import notify
 from hal0_reconciler.daemon.watch import Trigger
 from hal0_reconciler.model import LaneState
 from hal0_reconciler.settings import Settings
+from helpers import inotify_queue
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 
 
@@ -265,7 +266,7 @@ def test_status_lists_slots_that_share_a_display_name(host: Host, notify_socket)
     assert {"twin"} == {s["name"] for s in slots.values()}
 
 
-MAX_QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
+MAX_QUEUED = inotify_queue.MAX_QUEUED
 
 
 def _can_shrink_inotify_queue() -> bool:
@@ -281,7 +282,7 @@ def _can_shrink_inotify_queue() -> bool:
 )
 def test_a_real_inotify_overflow_triggers_a_full_pass(host: Host, notify_socket) -> None:
     """With a tiny kernel queue, a flood of events overflows it: the daemon notices and resyncs."""
-    original = MAX_QUEUED.read_text()
+    original = inotify_queue.size_to_restore()
     MAX_QUEUED.write_text("8\n")  # taken by inotify instances created from now on: the daemon's
     restored = False
     try:

@@ -13,11 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import inotify_queue
 from helpers.daemon_host import Host
 from helpers.notify_socket import NotifySocket
 from reliability import support
 
-MAX_QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
+MAX_QUEUED = inotify_queue.MAX_QUEUED
 
 
 def _writable() -> bool:
@@ -47,7 +48,7 @@ def _status(host: Host) -> dict[str, object]:
 def test_a_flood_beyond_the_inotify_queue(host: Host) -> None:
     slots = support.scaled(2_000, 20_000)  # slot files created in the flood (each relabelled)
     events = 20_000
-    original = MAX_QUEUED.read_text()
+    original = inotify_queue.size_to_restore()
     with NotifySocket() as sock:
         MAX_QUEUED.write_text("64\n")
         child = support.start_daemon(host, sock.path)
