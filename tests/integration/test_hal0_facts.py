@@ -169,3 +169,20 @@ def test_the_reader_rereads_only_what_changed(tmp_path: Path) -> None:
     second = reader.read()
     assert (C0822, C0826) == (first.facts.default_image, second.facts.default_image)
     assert STRIX in second.facts.capable
+
+
+def test_anything_a_source_raises_falls_back_with_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever reading hal0's files raises, the reader gives the newest known values and one
+    problem: a pass never stops on hal0's files."""
+    tree = Hal0Tree(tmp_path).install("0826")
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise RecursionError
+
+    monkeypatch.setattr(hal0, "read_facts", explode)
+    read = hal0.Hal0Reader(load(tree)).read()
+    assert image.NEWEST_KNOWN == read.facts
+    (problem,) = read.problems
+    assert "nested too deeply" in problem.why

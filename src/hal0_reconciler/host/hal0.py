@@ -28,7 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hal0_reconciler import fsio
+from hal0_reconciler import errors, fsio
 from hal0_reconciler.host import envfile, hal0_code
 from hal0_reconciler.model import Hal0Facts
 from hal0_reconciler.settings import Settings
@@ -125,7 +125,12 @@ class Hal0Reader:
         paths = hal0_paths(self._settings)
         identity = (paths, *(_identity(p) for p in paths.files()))
         if self._last is None or identity != self._identity:
-            self._last = read_facts(self._settings, paths)
+            try:
+                self._last = read_facts(self._settings, paths)
+            except Exception as exc:  # no hal0 file, however odd, stops a pass: newest known
+                why = f"could not be read ({errors.describe(exc)}): newest known values used"
+                problem = FactProblem("hal0", str(paths.package_search), why, not_understood=True)
+                self._last = Hal0Read(image.NEWEST_KNOWN, (problem,))
             self._identity = identity
         return self._last
 
