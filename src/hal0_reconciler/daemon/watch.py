@@ -282,18 +282,7 @@ class Watcher(lifecycle.StartStop):
         if wanted == self._aiter_dirs:
             return
         self._aiter_dirs = wanted
-        keep: list[_Watch] = []
-        for watch in self._watches:
-            if watch.handler is self._aiter_handler and watch.path not in wanted:
-                if watch.handle is not None and self._observer is not None:
-                    with contextlib.suppress(Exception):
-                        self._observer.unschedule(watch.handle)
-                continue
-            keep.append(watch)
-        have = {w.path for w in keep if w.handler is self._aiter_handler}
-        keep += [_Watch(path, self._aiter_handler) for path in wanted if path not in have]
-        self._watches = keep
-        self._schedule_missing(retry_failures=True)
+        self._watch_exactly(self._aiter_handler, wanted)
 
     def set_hal0_files(self, paths: Iterable[Path]) -> None:
         """Watch the folders of exactly these hal0 fact files (main thread; an unchanged set
@@ -311,17 +300,21 @@ class Watcher(lifecycle.StartStop):
             taken.add(self._dev_dir)
         if self._dri_dir is not None:
             taken.add(self._dri_dir)
-        folders = [f for f in wanted if f not in taken]
+        self._watch_exactly(self._hal0_handler, [f for f in wanted if f not in taken])
+
+    def _watch_exactly(self, handler: _Handler, folders: list[Path] | tuple[Path, ...]) -> None:
+        """Make ``handler``'s watches exactly ``folders``: unschedule the others, add the new."""
+        wanted = set(folders)
         keep: list[_Watch] = []
         for watch in self._watches:
-            if watch.handler is self._hal0_handler and watch.path not in folders:
+            if watch.handler is handler and watch.path not in wanted:
                 if watch.handle is not None and self._observer is not None:
                     with contextlib.suppress(Exception):
                         self._observer.unschedule(watch.handle)
                 continue
             keep.append(watch)
-        have = {w.path for w in keep if w.handler is self._hal0_handler}
-        keep += [_Watch(f, self._hal0_handler) for f in folders if f not in have]
+        have = {w.path for w in keep if w.handler is handler}
+        keep += [_Watch(path, handler) for path in folders if path not in have]
         self._watches = keep
         self._schedule_missing(retry_failures=True)
 
