@@ -16,8 +16,8 @@ from watchdog.observers import Observer
 
 from hal0_reconciler.daemon.watch import Trigger, Watcher
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
-from hal0_reconciler.slots import store
 from helpers.daemon_host import wait_until
+from helpers.watch_tree import make_tree, watcher_on
 
 
 class Keys:
@@ -30,22 +30,11 @@ class Keys:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    (tmp_path / "etc/slots").mkdir(parents=True)
-    (tmp_path / "dev/dri").mkdir(parents=True)
-    return tmp_path
+    return make_tree(tmp_path)
 
 
 def _watcher(tree: Path, keys: Keys, **kwargs) -> Watcher:  # type: ignore[no-untyped-def]
-    return Watcher(
-        slots_dir=tree / "etc/slots",
-        dev_dir=tree / "dev",
-        kfd_name="kfd",
-        dri_dir=tree / "dev/dri",
-        is_slot_name=store.is_slot_file_name,
-        enqueue=keys.add,
-        wake=lambda: None,
-        **kwargs,
-    )
+    return watcher_on(tree, enqueue=keys.add, **kwargs)
 
 
 @pytest.fixture
