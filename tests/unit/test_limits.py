@@ -3,6 +3,7 @@ the parser runs; real slot files are far inside every limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 
 import pytest
@@ -125,7 +126,7 @@ def test_the_counting_shortcut_never_lets_through_what_the_tokenizer_refuses(tex
     "text",
     [
         "a = 1\n" * 5,  # five items
-        "[a.b]\nc = 1",  # depth 3 by the tokenizer, 2 + 1 dot + 1 bracket by the counts
+        "[a.b]\nc.d = 1",  # depth 4 by the tokenizer and by the counts
         "abcdefg = 1",  # a line longer than a key may be
         "x = 123",  # a run of digits longer than a number may be
         "x = {a = 1}",  # an inline table: keys need not start a line
@@ -134,6 +135,38 @@ def test_the_counting_shortcut_never_lets_through_what_the_tokenizer_refuses(tex
 )
 def test_the_counting_shortcut_leaves_the_doubtful_to_the_tokenizer(text: str) -> None:
     assert not limits._within_by_counts(text, _TIGHT)
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds"),
+    [  # exactly at one limit: within it, and refused by the tokenizer at one less
+        ("[[a]]\nb = 1", {"max_depth": 3}),  # a key in an array of tables: 1 + two brackets
+        ("a.b = [1]", {"max_depth": 3, "max_key_length": 9}),
+        ("a = 1\nb = 2\nc = 3\nd = 4", {"max_items": 4}),
+        ("abcdef", {"max_key_length": 6}),
+        ("x = 12", {"max_digits": 2}),
+    ],
+)
+def test_the_counting_shortcut_takes_what_counts_prove(text: str, bounds: dict[str, int]) -> None:
+    assert limits._within_by_counts(text, dataclasses.replace(_TIGHT, **bounds))
+    limits._Scan(dataclasses.replace(_TIGHT, **bounds)).run(text)
+    name, value = next(iter(bounds.items()))
+    with pytest.raises(OverLimit):
+        limits._Scan(dataclasses.replace(_TIGHT, **{**bounds, name: value - 1})).run(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds"),
+    [
+        ("a={b={c={d=1}}}", {"max_depth": 3, "max_key_length": 20}),  # braces nest keys
+        ('"""ab\ncd\nef"""=1', {}),  # a multi-line string as a key: longer than its lines
+    ],
+)
+def test_what_counts_cannot_see_is_left_to_the_tokenizer(text: str, bounds: dict[str, int]) -> None:
+    tight = dataclasses.replace(_TIGHT, **bounds)
+    assert not limits._within_by_counts(text, tight)
+    with pytest.raises(OverLimit):
+        limits.check_text(text, tight)
 
 
 def test_the_counting_shortcut_takes_real_slot_files() -> None:

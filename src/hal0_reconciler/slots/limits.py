@@ -82,8 +82,8 @@ def _within_by_counts(text: str, limits: Limits) -> bool:
     tokenizer (~50 us for a real slot file) need not run; False says nothing. For any text:
 
     - each item the tokenizer counts is one ``=``, ``]`` or ``,`` character;
-    - each level of depth past a header's first part and a key's first part is one ``.``,
-      ``[`` or ``{`` character;
+    - each level of depth past a key's first part is one ``.``, ``[`` or ``{`` character (a
+      header's first part comes with its ``[``);
     - a number is a run of digits and underscores;
     - without ``{`` (so no inline table: keys are only read at the start of a line) and without
       a multi-line string, a key or a table header lies within one line.
@@ -91,7 +91,7 @@ def _within_by_counts(text: str, limits: Limits) -> bool:
     if "{" in text or '"""' in text or "'''" in text:
         return False
     items = text.count("=") + text.count("]") + text.count(",")
-    if items > limits.max_items or 2 + text.count(".") + text.count("[") > limits.max_depth:
+    if items > limits.max_items or 1 + text.count(".") + text.count("[") > limits.max_depth:
         return False
     if max(map(len, text.split("\n"))) > limits.max_key_length:
         return False
