@@ -1238,3 +1238,32 @@ def test_the_shortcut_takes_only_a_lone_plain_device_line() -> None:
     result = edit.set_device(decoy, table=(), new="gpu-rocm")
     assert 'notes = """\ndevice = "gpu-vulkan"\n"""\n"device" = "gpu-rocm"\n' == result.text
     assert result.byte_minimal
+
+
+def test_the_shortcut_saves_the_scanner_and_is_not_tried_where_it_cannot_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain file costs the shortcut and one re-parse, not the scanner; a table holding
+    `backend` (which the edit must drop) goes straight to the scanner: the shortcut's edit
+    could not verify, and would cost a parse for nothing."""
+    plain = '# keep\nname = "a"\ndevice = "gpu-vulkan"\n'
+    with_backend = 'name = "a"\ndevice = "gpu-vulkan"\nbackend = "vulkan"\n'
+    real_scan, real_plain = _tomlscan.scan, edit._rewrite_plain
+    calls: list[str] = []
+
+    def scan(text: str) -> _tomlscan.Scan:
+        calls.append("scan")
+        return real_scan(text)
+
+    def shortcut(text: str, new: str) -> str | None:
+        calls.append("shortcut")
+        return real_plain(text, new)
+
+    monkeypatch.setattr(_tomlscan, "scan", scan)
+    monkeypatch.setattr(edit, "_rewrite_plain", shortcut)
+    assert edit.set_device(plain, table=(), new="cpu").byte_minimal
+    assert ["shortcut"] == calls
+    calls.clear()
+    result = edit.set_device(with_backend, table=(), new="cpu")
+    assert ('name = "a"\ndevice = "cpu"\n', True) == (result.text, result.byte_minimal)
+    assert ["scan"] == calls
