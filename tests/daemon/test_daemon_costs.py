@@ -164,6 +164,21 @@ def test_a_changed_slot_joins_its_block_again_not_the_others() -> None:
     pieces = statusjson.dumps({"schema": 1, "slots": again})
     assert all(block in pieces for block in again)
     assert 10 == len(json.loads(b"".join(pieces))["slots"])
+    for n in (9, 8, 7, 6, 5):  # slots go: the blocks shrink with them, no empty one is kept
+        del slots[SlotKey(f"/s/{n}.toml")]
+        fewer = renderer.render(slots, changed={SlotKey(f"/s/{n}.toml")})
+        assert 2 + -(-len(slots) // 4) == len(fewer)
+        assert json.loads(statusjson.SlotsJson().render(slots).joined()) == json.loads(
+            fewer.joined()
+        )
+
+
+def test_the_status_document_is_indented_and_sorted() -> None:
+    """Around the slots' fragments, status.json is ``json.dumps(indent=1, sort_keys=True)``."""
+    snapshot = {"b": {"y": 1, "x": [1, 2]}, "a": None, "slots": statusjson.Raw(b"{}")}
+    plain = {"b": {"y": 1, "x": [1, 2]}, "a": None, "slots": {}}
+    expected = json.dumps(plain, indent=1, sort_keys=True).encode()
+    assert expected == b"".join(statusjson.dumps(snapshot))
 
 
 @settings(max_examples=200, deadline=None)
