@@ -77,7 +77,7 @@ def begin_write(
     path: Path,
     data: bytes | Sequence[bytes],
     *,
-    mode: int = 0o644,
+    mode: int,
     uid: int | None = None,
     gid: int | None = None,
 ) -> PendingWrite:
