@@ -67,7 +67,7 @@ def test_a_replace_that_fails_raises_and_leaves_the_old_file_and_no_temp(
 
     monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(OSError, match="Input/output"):
-        fsio.write_atomically(path, b"new\n")
+        fsio.write_atomically(path, b"new\n", sync_dir=False)
     assert (b"old\n", []) == (path.read_bytes(), _temps(tmp_path))
 
 
@@ -189,6 +189,9 @@ def test_a_group_is_fsynced_several_at_once_and_one_alone(
         None if r is None else r.errno for r in results
     ]
     assert state["most"] > 1
+    assert {"hal0-fsync"} == threads
+    threads.clear()
+    assert [None, None] == fsio.fsync_all([1, 2])  # two are already two at once
     assert {"hal0-fsync"} == threads
     threads.clear()
     assert [None] == fsio.fsync_all([1])
