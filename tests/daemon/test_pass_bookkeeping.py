@@ -18,6 +18,7 @@ from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+from hal0_reconciler.slots import seen
 from helpers.daemon_host import device_of, slot_text
 from helpers.hal0_tree import Hal0Tree
 
@@ -533,3 +534,28 @@ def test_the_status_says_what_hal0_believes_and_when_it_cannot_be_understood(
     schema.write_text(good)
     bench.full()
     assert "hal0" not in bench.passes.progress.problems, "a fixed hal0 problem stays"
+
+
+def test_memory_is_given_back_after_a_batch_that_did_much_not_a_pass_that_only_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood's garbage is returned; a full pass that found every file as it was (the steady
+    state at every resync) made none, and does not pay for a collection."""
+    from hal0_reconciler.daemon import memory
+
+    released: list[int] = []
+    monkeypatch.setattr(memory, "BIG_BATCH", 3)
+    monkeypatch.setattr(memory, "release", lambda: released.append(1))
+    monkeypatch.setattr(seen, "SETTLED_NS", 0)
+    bench = Bench(tmp_path)
+    slots = [bench.slot(f"s{n}", "gpu-rocm", port=8100 + n) for n in range(4)]
+    bench.full()  # four files read and judged
+    assert [1] == released
+    bench.full()  # the same four, recognised: nothing new
+    assert [1] == released
+    bench.changed(*slots[:2])  # two new outcomes: under the batch size
+    bench.full()
+    for path in slots[:3]:
+        path.write_text(slot_text(path.stem, "gpu-vulkan", port=8200))
+    bench.changed(*slots[:3])  # three relabels
+    assert [1, 1] == released
