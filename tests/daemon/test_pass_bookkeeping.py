@@ -548,14 +548,50 @@ def test_memory_is_given_back_after_a_batch_that_did_much_not_a_pass_that_only_l
     monkeypatch.setattr(memory, "release", lambda: released.append(1))
     monkeypatch.setattr(seen, "SETTLED_NS", 0)
     bench = Bench(tmp_path)
-    slots = [bench.slot(f"s{n}", "gpu-rocm", port=8100 + n) for n in range(4)]
-    bench.full()  # four files read and judged
-    assert [1] == released
-    bench.full()  # the same four, recognised: nothing new
-    assert [1] == released
-    bench.changed(*slots[:2])  # two new outcomes: under the batch size
-    bench.full()
-    for path in slots[:3]:
-        path.write_text(slot_text(path.stem, "gpu-vulkan", port=8200))
-    bench.changed(*slots[:3])  # three relabels
-    assert [1, 1] == released
+    slots = [bench.slot(f"s{n}", "gpu-rocm", port=8100 + n) for n in range(5)]
+    bench.full()  # five files read and judged
+    assert 1 == len(released)
+    bench.full()  # the same five, recognised: nothing new
+    bench.changed(*slots)
+    assert 1 == len(released)
+
+    def relabel(paths: list[Path]) -> None:
+        for path in paths:
+            path.write_text(slot_text(path.stem, "gpu-vulkan", port=8200))
+        bench.changed(*paths)
+
+    relabel(slots[:2])  # two relabels: under the batch size
+    assert 1 == len(released)
+    relabel(slots[:3])  # three: a big batch
+    assert 2 == len(released)
+    for path in slots[:2]:
+        path.unlink()
+    bench.changed(*slots[:2])  # two gone
+    assert 2 == len(released)
+    for path in slots[2:]:
+        path.unlink()
+    bench.changed(*slots[2:])  # three gone
+    assert 3 == len(released)
+
+
+def test_a_lasting_write_failure_leaves_the_problems_once_the_write_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hal0_reconciler import fsio
+
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    real = fsio.begin_write
+
+    def refused(*_args: object, **_kwargs: object) -> fsio.PendingWrite:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(fsio, "begin_write", refused)
+    bench.changed(slot)
+    with bench.passes.lock:
+        assert "Permission denied" in bench.passes.progress.problems.get("writes", "")
+    monkeypatch.setattr(fsio, "begin_write", real)
+    bench.changed(slot)
+    with bench.passes.lock:
+        assert "writes" not in bench.passes.progress.problems
+    assert "gpu-rocm" == device_of(slot)
