@@ -215,7 +215,10 @@ def _common_options() -> _Parser:
     return common
 
 
-def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
+def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line (``--help``, the shell completions), or with ``only`` just that
+    verb's parser under the same top level: what the command line needs when it starts with
+    the verb (the others' options and help are not built; nor is the aiter engine loaded)."""
     common = _common_options()
 
     parser = _Parser(
@@ -235,6 +238,17 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         )  # the epilog (exit codes) and the short usage line come from _finish
         return sub
 
+    for name, add in _VERBS.items():
+        if only is None or only == name:
+            add(verb, verbs, common)
+    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
+    return parser
+
+
+_Verb = Callable[[str, str], argparse.ArgumentParser]
+
+
+def _add_once(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     once = verb("once", "one reconcile pass over every slot, then exit")
     once.add_argument(
         "--no-restart",
@@ -242,6 +256,9 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         help="do not restart active slots whose label changed (they keep serving on the old lane)",
     )
     once.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+
+
+def _add_plan(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     plan = verb("plan", "dry run: per slot, what would change and why")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     amd = plan.add_mutually_exclusive_group()
@@ -264,31 +281,51 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         choices=["usable", "unusable"],
         help="take this ROCm-lane verdict instead of probing",
     )
+
+
+def _add_probe(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     probe = verb("probe", "print the host facts and the ROCm-lane verdict for the service user")
     probe.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_run(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     verb("run", "the daemon (systemd Type=notify; SIGHUP re-reads the settings)")
+
+
+def _add_status(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     status = verb("status", "report on the running daemon from its status file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_reload(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     reload = verb("reload", "reload the daemon's settings and wait until they are live")
     reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
     reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
-    if with_aiter:
-        from hal0_reconciler.aiter import cli as aiter_cli
-
-        aiter_cli.add_parser(verbs, parents=[common])
-    else:  # the aiter verbs load their whole engine: only when the command line may be one
-        verbs.add_parser("aiter", help="aiter compiled-registry self-heal (plan|heal|...)")
-    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
-    return parser
 
 
-_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status", "reload"})
+def _add_aiter(_verb: _Verb, verbs: Any, common: argparse.ArgumentParser) -> None:
+    from hal0_reconciler.aiter import cli as aiter_cli
+
+    aiter_cli.add_parser(verbs, parents=[common])
 
 
-def _needs_aiter(argv: Sequence[str]) -> bool:
-    """Whether the command line may be an ``aiter`` one (or asks for the full help)."""
-    first = next((a for a in argv if not a.startswith("-")), None)
-    return first not in _LIGHT_VERBS
+# Every verb, in the order of the help; each adds its own parser (see build_parser's ``only``).
+_VERBS: dict[str, Callable[[_Verb, Any, argparse.ArgumentParser], None]] = {
+    "once": _add_once,
+    "plan": _add_plan,
+    "probe": _add_probe,
+    "run": _add_run,
+    "status": _add_status,
+    "reload": _add_reload,
+    "aiter": _add_aiter,
+}
+
+
+def _verb_of(argv: Sequence[str]) -> str | None:
+    """The verb when the command line starts with one (then only its parser is built); None
+    for anything else (no verb, a top-level option first, a mistyped verb): the whole parser
+    gives the top-level help, usage and errors exactly."""
+    return argv[0] if argv and argv[0] in _VERBS else None
 
 
 def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
@@ -323,7 +360,7 @@ def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(with_aiter=_needs_aiter(argv))
+    parser = build_parser(only=_verb_of(argv))
     args = parser.parse_args(argv)
     if args.no_color:
         console.refuse_colour()

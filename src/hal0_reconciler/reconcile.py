@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import errors, fsio
+from hal0_reconciler import __version__, errors, fsio
 from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.host import hal0
@@ -128,6 +128,14 @@ def _dry_write(
     return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
 
 
+def _seen_scope(settings: Settings) -> str:
+    """What a saved memory of slot files is valid for: this version, folder and limits."""
+    folder = (
+        settings.slots_dir if settings.slots_dir.is_absolute() else settings.slots_dir.absolute()
+    )
+    return f"{__version__} {limits.Limits(max_bytes=settings.slot_max_bytes)!r} {folder}"
+
+
 class Reconciler:
     """Applies the policy to slot files. Holds only memory of what it already reported."""
 
@@ -137,7 +145,9 @@ class Reconciler:
         *,
         ledger: DemotionLedger | None = None,
         cancelled: Callable[[], bool] | None = None,
+        seen_file: Path | None = None,
     ) -> None:
+        """``seen_file``: where the memory of unchanged files is kept across restarts."""
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
@@ -145,7 +155,11 @@ class Reconciler:
         self._catalog_reported: str | None = None
         self._temps_checked = False  # leftover temp files are looked for once, at the start
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
-        self._seen = seen.SeenSlots()
+        self._seen = (
+            seen.SeenSlots()
+            if seen_file is None
+            else seen.SeenSlots.load(seen_file, scope=_seen_scope(settings))
+        )
         self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()

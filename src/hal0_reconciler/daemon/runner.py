@@ -51,16 +51,21 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
+SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
 _LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
 
 
 def default_reconciler(
     settings: Settings, *, cancelled: Callable[[], bool] | None = None
 ) -> reconcile.Reconciler:
-    """The engine, remembering its own demotions in the state directory; ``cancelled`` ends a
-    wait for hal0's slot lock when the daemon is stopping."""
+    """The engine, remembering its own demotions and the slot files it read (so a restart does
+    not parse unchanged files again) in the state directory; ``cancelled`` ends a wait for
+    hal0's slot lock when the daemon is stopping."""
     return reconcile.Reconciler(
-        settings, ledger=DemotionLedger.in_state_dir(settings.state_dir), cancelled=cancelled
+        settings,
+        ledger=DemotionLedger.in_state_dir(settings.state_dir),
+        cancelled=cancelled,
+        seen_file=settings.state_dir / SEEN_FILE,
     )
 
 
