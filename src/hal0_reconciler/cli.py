@@ -404,9 +404,10 @@ def _dispatch(
     if verb == "probe":
         return _probe(current, as_json=args.json)
     if verb == "run":
+        early = host_facts.EarlyGather(current)  # the probe runs while the daemon loads
         from hal0_reconciler.daemon import runner
 
-        return runner.run(current, config_path=args.config, overrides=overrides)
+        return runner.run(current, config_path=args.config, overrides=overrides, gather=early)
     if verb == "status":
         from hal0_reconciler.daemon import status
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import (
     notify,
     passes,
@@ -110,7 +109,7 @@ class Runner:
         gather: Gather = host_facts.gather,
         reconciler_factory: ReconcilerFactory | None = None,
         observer_factory: watch.ObserverFactory | None = None,
-        aiter_factory: selfheal.AiterFactory = monitor.AiterMonitor,
+        aiter_factory: selfheal.AiterFactory = selfheal.aiter_monitor,
     ) -> None:
         self._settings = settings
         self._config_path = config_path
@@ -413,10 +412,17 @@ class Runner:
         return True
 
 
-def run(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
-    """``hal0-reconciler run``: the daemon in the main thread, with signals and faulthandler."""
+def run(
+    settings: Settings,
+    *,
+    config_path: Path | None,
+    overrides: dict[str, Any],
+    gather: Gather = host_facts.gather,
+) -> int:
+    """``hal0-reconciler run``: the daemon in the main thread, with signals and faulthandler
+    (``gather``: the command line's ``EarlyGather``, started before this module loaded)."""
     faulthandler.enable()  # a watchdog SIGABRT puts every thread's stack in the journal
-    runner = Runner(settings, config_path=config_path, overrides=overrides)
+    runner = Runner(settings, config_path=config_path, overrides=overrides, gather=gather)
 
     def on_stop(_signum: int, _frame: FrameType | None) -> None:
         runner.request_stop()
