@@ -10,15 +10,20 @@ a full pass or a batch of many files; it costs a few milliseconds, never on an i
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import gc
 from collections.abc import Callable
 
 BIG_BATCH = 256  # files in one batch from which its garbage is worth returning
 
 
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up at the first release (``find_library`` runs
+    ``ldconfig``: not at start-up)."""
+    import ctypes  # noqa: PLC0415 - see above
+    import ctypes.util  # noqa: PLC0415
+
     name = ctypes.util.find_library("c")
     if name is None:
         return None
@@ -28,11 +33,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return None
 
 
-_TRIM = _malloc_trim()
-
-
 def release() -> None:
     """Collect garbage, then hand free heap pages back to the kernel (glibc)."""
     gc.collect()
-    if _TRIM is not None:
-        _TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
