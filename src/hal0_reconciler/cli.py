@@ -227,7 +227,9 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
         epilog="Run 'hal0-reconciler VERB --help' for a verb's options and exit codes.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
+    verbs = parser.add_subparsers(
+        dest="verb", required=True, metavar="VERB", parser_class=_Parser, prog=parser.prog
+    )  # prog: what argparse would format from the usage (no positional comes before VERB)
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = verbs.add_parser(

@@ -27,7 +27,7 @@ from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.host import hal0
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, image, limits, policy, runtime, seen, store
+from hal0_reconciler.slots import document, image, limits, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
 _log = get_logger("hal0_reconciler.reconcile")
@@ -47,6 +47,8 @@ class OutcomeStatus(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
+    """What a pass did with one slot file."""
+
     key: SlotKey
     path: Path
     name: str | None
@@ -81,6 +83,8 @@ def _write_failed(
 
 @dataclass(frozen=True)
 class PassReport:
+    """Every file's outcome of one pass, and how long it took."""
+
     outcomes: tuple[Outcome, ...]
     duration: float
 
@@ -119,6 +123,8 @@ def _dry_write(
     whole file (comments and layout lost); WRITE_FAILED when the edit would be refused."""
     if new is None:
         return OutcomeStatus.PENDING, None
+    from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
+
     try:
         result = edit.set_device(
             slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
@@ -317,6 +323,8 @@ class Reconciler:
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return _outcome(key, path, doc, status, verdict)
+        from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
+
         try:
             text = slot_file.data.decode("utf-8")
             result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)

@@ -72,6 +72,8 @@ def static_watch_paths(settings: Settings) -> list[Path]:
 
 @dataclass
 class _State:
+    """The aiter checks so far, as status shows them."""
+
     checks: int = 0
     failures_in_a_row: int = 0
     failures_total: int = 0

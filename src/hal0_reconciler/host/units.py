@@ -47,6 +47,8 @@ class RestartResult(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RestartRequest:
+    """A relabelled slot to restart."""
+
     name: str  # the slot's display name (the API's {name})
     token: str  # the unit instance: the slot's id when set, else its name
 

@@ -66,6 +66,8 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 @dataclass
 class _Entry:
+    """What was read of one slot file, and the verdict made of it."""
+
     identity: Identity
     settled: bool  # the read may be trusted by identity alone
     digest: bytes
@@ -79,6 +81,8 @@ class _Entry:
 
 @dataclass(frozen=True)
 class Hit:
+    """An unchanged file: its cached parse and its current verdict."""
+
     doc: SlotDoc
     verdict: Verdict
 
