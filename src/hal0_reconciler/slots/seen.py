@@ -131,6 +131,7 @@ class SeenSlots:
             doc["entries"] = []
             data = json.dumps(doc).encode("utf-8")
         try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
             fsio.write_atomically(self._path, data, mode=0o600)
         except OSError as exc:
             error = exc.strerror or str(exc)
