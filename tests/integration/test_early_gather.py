@@ -65,6 +65,7 @@ def test_the_early_look_is_taken_when_nothing_changed(
     [
         pytest.param(lambda s: s.kfd_path.chmod(0o600), id="kfd-mode"),
         pytest.param(lambda s: os.chown(s.kfd_path, 54321, -1), id="kfd-owner"),
+        pytest.param(lambda s: (s.dri_dir / "renderD128").chmod(0o600), id="render-node-mode"),
         pytest.param(lambda s: (s.dri_dir / "renderD129").write_text(""), id="new-render-node"),
         pytest.param(lambda s: (s.dri_dir / "renderD128").unlink(), id="render-node-gone"),
         pytest.param(lambda s: s.amdgpu_module_dir.rmdir(), id="amdgpu-unloaded"),
