@@ -18,12 +18,12 @@ command that logs nothing (``plan``, ``status``) never pays for it.
 
 from __future__ import annotations
 
+import _thread
 import importlib
 import json
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
@@ -181,7 +181,7 @@ def get_logger(*args: Any) -> Any:
     return _LazyLogger(*args)
 
 
-_IMPORTING = threading.Lock()
+_IMPORTING = _thread.allocate_lock()  # _thread: `threading` costs a command's start-up
 _pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
 
 

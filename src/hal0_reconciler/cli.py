@@ -14,7 +14,6 @@ import dataclasses
 import os
 import signal
 import sys
-import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -139,10 +138,32 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the one error prefix, and exit 1 for a usage error: argparse's own 2
     would read as "changes pending" to a script running `plan`."""
 
+    _verb_help: tuple[str, set[str]] | None = None
+    """(verb path, the common options' dests): its exit codes and short usage line, made when
+    first shown (``_finish``): a command that runs needs neither."""
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         console.error(f"{message} (see {self.prog} --help)")
         raise SystemExit(EXIT_ERROR)
+
+    def format_usage(self) -> str:
+        self._complete_help()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._complete_help()
+        return super().format_help()
+
+    def _complete_help(self) -> None:
+        if self._verb_help is None:
+            return
+        full, common = self._verb_help
+        self._verb_help = None
+        if self.epilog is None:
+            self.epilog = _epilog(full)
+            self.formatter_class = argparse.RawDescriptionHelpFormatter
+        self.usage = _short_usage(self, common)
 
 
 def _path_arg(text: str) -> Path:
@@ -153,6 +174,8 @@ def _path_arg(text: str) -> Path:
 
 
 def _epilog(verb: str) -> str:
+    import textwrap  # only for --help
+
     lines: list[str] = []
     if verb in _EXAMPLES:
         lines.append("examples:")
@@ -342,8 +365,9 @@ def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
 
 
 def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]) -> None:
-    """Walk the verb tree: exit codes in every verb's epilog (the aiter verbs register their
-    own parsers; subparsers inherit ``_Parser``, so one error prefix) and completion hints."""
+    """Walk the verb tree: exit codes in every verb's epilog and its short usage, when shown
+    (the aiter verbs register their own parsers; subparsers inherit ``_Parser``, so one error
+    prefix), and completion hints."""
     for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
         if action.dest in _DIR_DESTS:
             setattr(action, "complete", _COMPLETE_DIR)  # noqa: B010 - shtab reads this attribute
@@ -352,11 +376,8 @@ def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             for name, sub in action.choices.items():
                 full = f"{path} {name}".strip()
-                if sub.epilog is None and full in _EXITS:
-                    sub.epilog = _epilog(full)
-                    sub.formatter_class = argparse.RawDescriptionHelpFormatter
-                if full in _EXITS:
-                    sub.usage = _short_usage(sub, common)
+                if full in _EXITS and isinstance(sub, _Parser):
+                    sub._verb_help = (full, common)  # noqa: SLF001 - our own class
                 _finish(sub, full, common=common)
 
 

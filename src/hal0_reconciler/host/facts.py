@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -124,6 +123,8 @@ class EarlyGather:
         )
         self._result: HostFacts | None = None
         self._taken = False
+        import threading  # noqa: PLC0415 - the daemon's only: not for plan, once, probe
+
         self._thread = threading.Thread(target=self._run, name="hal0-early-probe", daemon=True)
         self._thread.start()
 
