@@ -281,12 +281,20 @@ def _read_saved(path: Path, scope: str) -> dict[SlotKey, _Entry]:
             and isinstance(data, dict)
         ):
             raise ValueError("not a saved entry")
-        stem = Path(key).stem
+        stem = _stem(key)
         entries[SlotKey(key)] = _Entry(
             identity, settled and same_boot, bytes.fromhex(digest),
             document.from_data(data, stem=stem), None, -1, demoted=False,
         )  # fmt: skip
     return entries
+
+
+def _stem(key: str) -> str:
+    """``Path(key).stem`` without a Path for each of thousands of slot files."""
+    name = key.rpartition("/")[2]
+    if name.endswith(".toml") and not name.startswith("."):
+        return name[: -len(".toml")]
+    return Path(name).stem
 
 
 def _plain(value: object) -> bool:
