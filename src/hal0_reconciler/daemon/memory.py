@@ -19,16 +19,12 @@ BIG_BATCH = 256  # files in one batch from which its garbage is worth returning
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, looked up at the first release (``find_library`` runs
-    ``ldconfig``: not at start-up)."""
-    import ctypes  # noqa: PLC0415 - see above
-    import ctypes.util  # noqa: PLC0415
+    """glibc's ``malloc_trim``, looked up at the first release, in the libc this process runs
+    with (``dlopen(NULL)``: no ``find_library``, which runs ``ldconfig``)."""
+    import ctypes  # noqa: PLC0415 - only when memory is released
 
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     with contextlib.suppress(OSError, AttributeError):
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim  # glibc only
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
         return trim
     return None
 
