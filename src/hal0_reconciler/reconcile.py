@@ -176,6 +176,7 @@ class Reconciler:
         self._settings = settings
         self._hal0 = hal0.Hal0Reader(settings)
         self._limits = limits.Limits(max_bytes=settings.slot_max_bytes)
+        self._seen.rescope(_seen_scope(settings))  # parses made under other limits: dropped
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()

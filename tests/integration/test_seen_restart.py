@@ -117,3 +117,21 @@ def test_a_spoilt_memory_file_costs_a_parse_not_a_wrong_verdict(
     report = _engine(make_settings, host_dirs["state_dir"]).reconcile(ROCM_USABLE)
     assert [OutcomeStatus.RELABELED] * 3 == [o.status for o in report.outcomes]
     assert 3 <= counted["parsed"]
+
+
+def test_new_limits_forget_every_parse_made_under_the_old_ones(
+    host_dirs: dict[str, Path], make_settings: Any, counted: dict[str, int]
+) -> None:
+    """A reload that lowers slot_max_bytes: an unchanged file now over it is reported, not
+    judged from the parse made when it was allowed (nor from the saved memory at a restart)."""
+    big = host_dirs["slots_dir"] / "agent.toml"
+    big.write_text(slot_text("agent", "gpu-rocm") + "# padding\n" * 200)
+    engine = _engine(make_settings, host_dirs["state_dir"])
+    assert [OutcomeStatus.UNCHANGED] == [o.status for o in engine.reconcile(ROCM_USABLE).outcomes]
+    small = make_settings(slot_max_bytes=1024)
+    engine.update_settings(small)
+    report = engine.reconcile(ROCM_USABLE)
+    assert [OutcomeStatus.UNREADABLE] == [o.status for o in report.outcomes]
+    restarted = Reconciler(small, seen_file=host_dirs["state_dir"] / "seen-slots.json")
+    report = restarted.reconcile(ROCM_USABLE)
+    assert [OutcomeStatus.UNREADABLE] == [o.status for o in report.outcomes]

@@ -115,6 +115,14 @@ class SeenSlots:
         slots._entries = entries
         return slots
 
+    def rescope(self, scope: str) -> None:
+        """What the memory is valid for from now on: another scope (limits, folder, version)
+        forgets every file, whose parse was made under the old one."""
+        if scope != self._scope:
+            self._scope = scope
+            self._entries.clear()
+            self._dirty = True
+
     def save(self) -> None:
         """Write this memory to its path (atomically, mode 0600: slot files may hold secrets)
         when it changed; a failure is kept in ``save_error`` (the next full pass retries)."""
