@@ -18,7 +18,6 @@ command that logs nothing (``plan``, ``status``) never pays for it.
 
 from __future__ import annotations
 
-import _thread
 import importlib
 import json
 import os
@@ -191,7 +190,7 @@ def get_logger(*args: Any) -> Any:
     return _LazyLogger(*args)
 
 
-_IMPORTING = _thread.allocate_lock()  # _thread: `threading` costs a command's start-up
+_IMPORTING = threading.Lock()
 _pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
 
 
