@@ -133,6 +133,8 @@ class _Ready:
     verdict: Verdict
     edit: edit.EditResult
     pending: fsio.PendingWrite
+    data: bytes  # what the temp file holds
+    stat: os.stat_result  # the temp file's stat: the written file is not a settled read
 
 
 _UNREAD = object()  # the profiles file has not been read yet
@@ -406,11 +408,11 @@ class Reconciler:
             if error is not None:
                 outcomes[w.at] = _write_failed(w.key, w.path, r.doc, r.verdict, error)
                 continue
-            self._seen.forget(w.key)  # the next look reads what was written
             if r.verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
                 self._ledger.record(w.key, slot=r.doc.name, old=r.verdict.old)
             elif r.verdict.reason is Reason.RESTORE_OWN_DEMOTION:
                 self._ledger.drop(w.key)
+            self._remember_written(r, facts)
             note = None if r.edit.byte_minimal else r.edit.note
             outcomes[w.at] = _outcome(
                 w.key, w.path, r.doc, OutcomeStatus.RELABELED, r.verdict, note
@@ -418,6 +420,26 @@ class Reconciler:
         failed = {OutcomeStatus.WRITE_FAILED}
         if any(getattr(outcomes[w.at], "status", None) in failed for w in group):
             self._remove_leftover_temps(wait=True)  # we hold the lock: none of ours in flight
+
+    def _remember_written(self, r: _Ready, facts: HostFacts) -> None:
+        """What was just written, as if read back: the echo of the daemon's own write (its
+        inotify event) is then known by its bytes and not parsed again. Any doubt forgets the
+        file instead, and the next look reads and parses what is there."""
+        key, path = r.write.key, r.write.path
+        demoted = key in self._ledger
+        try:
+            if r.edit.data is None:
+                raise ValueError("the edit's parse is not known")  # noqa: TRY301 - forget it
+            doc = document.from_checked_parse(
+                r.edit.text, r.edit.data, stem=path.stem, limits=self._limits
+            )
+            verdict = self._decide(doc, facts, demoted=demoted)
+        except Exception:  # over a limit now, or anything else: read and parsed next time
+            self._seen.forget(key)
+            return
+        self._seen.remember(
+            key, r.data, r.stat, doc, verdict, read_at_ns=time.time_ns(), demoted=demoted
+        )
 
     def _prepare(self, w: _Write, facts: HostFacts) -> Outcome | _Ready:
         """Under the lock: read the file again and judge it again (another writer may have
@@ -440,10 +462,16 @@ class Reconciler:
             if made is None or not same or w.verdict.new != verdict.new:
                 text = slot_file.data.decode("utf-8")
                 made = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
-            pending = store.begin_replace(w.path, made.text.encode("utf-8"), like=slot_file.stat)
+            data = made.text.encode("utf-8")
+            pending = store.begin_replace(w.path, data, like=slot_file.stat)
         except Exception as exc:  # refused, failed, or anything the editor raised
             return _write_failed(w.key, w.path, doc, verdict, exc)
-        return _Ready(w, doc, verdict, made, pending)
+        try:
+            written = os.fstat(pending.fd)  # the new file's stat (its ctime moves at the rename)
+        except BaseException:
+            fsio.abandon(pending)
+            raise
+        return _Ready(w, doc, verdict, made, pending, data, written)
 
     def _read_and_decide(
         self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False

@@ -207,3 +207,21 @@ def test_a_dry_run_outcome_is_not_taken_for_a_real_pass(
     }
     assert 2 == len(engine.reconcile(ROCM_USABLE).relabeled)
     assert all(b'"gpu-rocm"' in p.read_bytes() for p in paths)
+
+
+def test_the_echo_of_a_relabel_is_known_by_its_bytes_and_not_parsed_again(
+    host_dirs: dict[str, Path], make_settings, parses: list[str]
+) -> None:
+    """The daemon's own write comes back as an event: the written bytes are remembered with the
+    parse the editor verified them by, so the next look reads them and does not parse them."""
+    paths = _fill(host_dirs["slots_dir"], 3)
+    engine = Reconciler(make_settings())
+    assert 3 == len(engine.reconcile(ROCM_USABLE).relabeled)
+    assert 3 == len(parses)
+    echo = engine.reconcile(ROCM_USABLE, paths)
+    assert 3 == len(parses), "the daemon's own writes were parsed again"
+    assert {OutcomeStatus.UNCHANGED} == {o.status for o in echo.outcomes}
+    assert {"gpu-rocm"} == {o.verdict.old for o in echo.outcomes if o.verdict is not None}
+    paths[0].write_text(paths[0].read_text().replace("port", "# moved\nport"))
+    engine.reconcile(ROCM_USABLE, paths)
+    assert ["s0"] == parses[3:], "a file changed after the daemon's write was not read anew"

@@ -419,6 +419,7 @@ def test_every_shape_is_edited_in_place(text: str, table: tuple[str, ...], expec
     result = edit.set_device(text, table=table, new="gpu-rocm")
     assert (expected, True, None) == (result.text, result.byte_minimal, result.note)
     assert expected_after(text, table, "gpu-rocm") == tomllib.loads(result.text)
+    assert tomllib.loads(result.text) == result.data, "the edit's parse is not what it wrote"
     assert edit.EditResult(expected, True, None) == edit.set_device(
         expected, table=table, new="gpu-rocm"
     )
@@ -794,6 +795,7 @@ def test_generated_files_change_only_the_device_line(slot: SlotFile, new: str) -
     result = edit.set_device(old, table=slot.table, new=new)
 
     assert expected_after(old, slot.table, new) == tomllib.loads(result.text)
+    assert tomllib.loads(result.text) == result.data  # what the daemon remembers it wrote
     assert (True, None) == (result.byte_minimal, result.note)
     new_lines = result.text.split(slot.eol)
     if slot.eol == "\r\n":

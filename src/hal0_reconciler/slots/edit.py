@@ -38,7 +38,7 @@ import copy
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import tomli_w
@@ -56,6 +56,8 @@ class EditResult:
     text: str
     byte_minimal: bool  # False: re-serialised with tomli_w; comments and layout are gone
     note: str | None = None  # why the byte-minimal rewrite was not possible
+    # what ``text`` parses to (checked by the re-parse): derived from ``text``, not compared
+    data: dict[str, Any] | None = field(default=None, compare=False)
 
 
 def set_device(
@@ -73,21 +75,21 @@ def set_device(
     expected = _load(text) if parsed is None else copy.deepcopy(dict(parsed))
     target = _table(expected, table)
     if target.get("device") == new and "backend" not in target:
-        return EditResult(text, byte_minimal=True)
+        return EditResult(text, byte_minimal=True, data=expected)
     target["device"] = new
     had_backend = target.pop("backend", None) is not None
     plain = None if had_backend else _rewrite_plain(text, new)
     if plain is not None and _parses_to(plain, expected):
-        return EditResult(plain, byte_minimal=True)
+        return EditResult(plain, byte_minimal=True, data=expected)
     try:
         candidate = _rewrite(text, table, new)
     except _tomlscan.CannotEdit as exc:
         note = str(exc)
     else:
         if _parses_to(candidate, expected):
-            return EditResult(candidate, byte_minimal=True)
+            return EditResult(candidate, byte_minimal=True, data=expected)
         note = "the byte-minimal rewrite did not re-parse to the intended document"
-    return EditResult(_dump(expected, note), byte_minimal=False, note=note)
+    return EditResult(_dump(expected, note), byte_minimal=False, note=note, data=expected)
 
 
 def _load(text: str) -> dict[str, Any]:
