@@ -1,0 +1,97 @@
+"""One batch as the worker runs it: a failing pass is said and counted, the metrics textfile is
+rewritten only for a batch that changed something, and the counters the bench reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler.daemon import passes
+from hal0_reconciler.host import units
+from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.settings import Settings
+from helpers.pass_bench import UNUSABLE, Bench
+
+
+def _failing_probe(_settings: Settings) -> HostFacts:
+    raise OSError(5, "Input/output error", "/dev/kfd")
+
+
+def test_a_failing_pass_is_the_worker_s_health_until_a_pass_works(tmp_path: Path) -> None:
+    """A batch that raises is re-raised (the worker logs it with its traceback), its reason is
+    what the main loop's health says, and the next batch that works clears it."""
+    bench = Bench(tmp_path)
+    bench.slot("agent")
+    gather = bench.passes._gather
+    bench.passes._gather = _failing_probe
+    with pytest.raises(OSError, match="Input/output error"):
+        bench.full()
+    reasons = passes.failures(bench.passes)
+    assert ["the last pass failed: [Errno 5] Input/output error: '/dev/kfd'"] == reasons, (
+        f"the health does not say why the pass failed: {reasons}"
+    )
+    bench.passes._gather = gather
+    bench.full()
+    assert [] == passes.failures(bench.passes), "a pass that worked left the worker failed"
+
+
+def test_a_failed_full_pass_still_counts_toward_ready(tmp_path: Path) -> None:
+    """READY=1 comes after the first full pass finished or failed (a poisoned file must not
+    keep the daemon from ever being ready); a partial batch is no full attempt."""
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    bench.passes._gather = _failing_probe
+    with pytest.raises(OSError):
+        bench.full()
+    assert 1 == bench.passes.progress.full_attempts, "a failed full pass is no full attempt"
+    with pytest.raises(OSError):
+        bench.changed(slot)
+    assert 1 == bench.passes.progress.full_attempts, "a partial batch counted as a full attempt"
+    assert 2 == bench.passes.progress.batches, "a failed batch is not counted as finished"
+    assert 2 == bench.wakes, "the main loop was not woken after a failed batch"
+
+
+def _metrics_file_identity(path: Path) -> tuple[int, int]:
+    st = path.stat()  # written by rename: a rewrite is a new inode
+    return st.st_ino, st.st_mtime_ns
+
+
+def test_the_metrics_file_is_rewritten_only_when_a_batch_changed_something(
+    tmp_path: Path,
+) -> None:
+    """The textfile is written after a batch that changed what it shows (a relabel, a restart
+    result) and left alone for one that did not (the echo of the daemon's own write)."""
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom))
+    slot = bench.slot("agent")
+    bench.full()  # relabels agent
+    written = _metrics_file_identity(prom)
+    bench.changed(slot)  # the echo of our own write: nothing changed
+    assert written == _metrics_file_identity(prom), "the metrics were rewritten for an echo"
+    bench.slot("agent", port=9000)  # an operator edit: a relabel again
+    bench.changed(slot)
+    assert written != _metrics_file_identity(prom), "a relabel did not rewrite the metrics"
+    assert 'hal0_reconciler_relabels_total{target="gpu-rocm"} 2' in prom.read_text()
+    written = _metrics_file_identity(prom)
+    results = bench.passes._restarter.results  # type: ignore[attr-defined]
+    gather = bench.passes._gather
+
+    def probe_while_a_restart_finishes(settings: Settings) -> HostFacts:
+        results[units.RestartResult.RESTARTED] += 1  # the restarter thread, meanwhile
+        return gather(settings)
+
+    bench.passes._gather = probe_while_a_restart_finishes
+    bench.probe()  # the same facts: nothing in the slots or the lane changed
+    assert written != _metrics_file_identity(prom), "a restart result did not rewrite them"
+    assert 'hal0_reconciler_restarts_total{result="restarted"} 1' in prom.read_text()
+
+
+def test_the_stats_say_the_lane_the_policy_saw(tmp_path: Path) -> None:
+    """Stats.lane is None before the first probe, then the lane the pass decided on (unsettled
+    while the demotion grace runs)."""
+    bench = Bench(tmp_path, demote_grace=60)
+    assert bench.passes.stats().lane is None, "a lane before any probe"
+    bench.facts = UNUSABLE
+    bench.full()
+    assert LaneState.UNSETTLED is bench.passes.stats().lane, "the stats lost the lane"
