@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.daemon import passes
+from hal0_reconciler.daemon import passes, publish
 from hal0_reconciler.host import units
-from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.model import HostFacts, LaneState, ProbeResult
 from hal0_reconciler.settings import Settings
-from helpers.pass_bench import UNUSABLE, Bench
+from helpers.pass_bench import UNUSABLE, USABLE, Bench
 
 
 def _failing_probe(_settings: Settings) -> HostFacts:
@@ -95,3 +95,44 @@ def test_the_stats_say_the_lane_the_policy_saw(tmp_path: Path) -> None:
     bench.facts = UNUSABLE
     bench.full()
     assert LaneState.UNSETTLED is bench.passes.stats().lane, "the stats lost the lane"
+
+
+def test_a_probe_that_cannot_run_is_a_problem_until_it_runs_again(tmp_path: Path) -> None:
+    """An AMD host whose lane probe cannot run (no such service user): a "probe" problem naming
+    why, warned once however many probes fail; the first probe that runs clears it and says so."""
+    from structlog.testing import capture_logs
+
+    cannot = ProbeResult(
+        usable=False, credentials=None, kfd_ok=False, render_node=None, error="no user 'hal0x'"
+    )
+    bench = Bench(tmp_path)
+    bench.slot("agent")
+    with capture_logs() as logs:
+        bench.facts = HostFacts(amd=True, lane=LaneState.UNKNOWN, probe=cannot)
+        bench.full()
+        bench.probe()
+        problem = bench.passes.progress.problems.get("probe")
+        bench.facts = USABLE
+        bench.probe()
+    assert problem is not None, "a probe that cannot run is no problem"
+    assert "no user 'hal0x'" in problem, f"the probe problem does not say why: {problem}"
+    assert "probe" not in bench.passes.progress.problems, "a probe that runs again left it"
+    said = [e["event"] for e in logs if e["event"].startswith("host.probe")]
+    assert ["host.probe_failed", "host.probe_runs_again"] == said, f"said: {said}"
+
+
+def test_a_probe_that_finds_other_facts_is_published(tmp_path: Path) -> None:
+    """Host facts that changed (even with no slot to reconcile) move the revision the main loop
+    republishes status.json on, and status.json shows them; the same facts move nothing."""
+    bench = Bench(tmp_path)
+    bench.facts = HostFacts(amd=False, lane=LaneState.USABLE)
+    bench.full()
+    sources = publish.Sources(bench.passes, None, {}, bench.selfheal, 0.0)
+    revision = bench.passes.progress.revision
+    bench.probe()
+    assert revision == bench.passes.progress.revision, "the same facts were published again"
+    bench.facts = HostFacts(amd=False, lane=LaneState.UNUSABLE)
+    bench.probe()
+    assert revision != bench.passes.progress.revision, "other host facts were not published"
+    snapshot, _ = publish.compose(sources, [], ready=True)
+    assert "unusable" == snapshot["lane"]["state"], f"status.json shows {snapshot['lane']}"
