@@ -136,3 +136,16 @@ def test_a_probe_that_finds_other_facts_is_published(tmp_path: Path) -> None:
     assert revision != bench.passes.progress.revision, "other host facts were not published"
     snapshot, _ = publish.compose(sources, [], ready=True)
     assert "unusable" == snapshot["lane"]["state"], f"status.json shows {snapshot['lane']}"
+
+
+def test_the_main_loop_is_told_when_to_probe_again_during_the_grace(tmp_path: Path) -> None:
+    """While the demotion grace runs the main loop gets the next probe's time (so a lane that
+    stays down is demoted on time without any event); once the lane is decided, none."""
+    bench = Bench(tmp_path, demote_grace=60)
+    bench.slot("agent", "gpu-rocm")
+    bench.facts = UNUSABLE
+    bench.full()
+    assert 1005.0 == bench.passes.progress.recheck_at, "no re-probe asked for during the grace"
+    bench.clock.now = 1060.0
+    bench.probe()
+    assert bench.passes.progress.recheck_at is None, "re-probes asked for after the grace"
