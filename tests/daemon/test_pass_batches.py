@@ -3,14 +3,16 @@ rewritten only for a batch that changed something, and the counters the bench re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.daemon import passes, publish
+from hal0_reconciler.daemon import memory, passes, publish
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, ProbeResult
 from hal0_reconciler.settings import Settings
+from helpers.daemon_host import device_of
 from helpers.pass_bench import UNUSABLE, USABLE, Bench
 
 
@@ -149,3 +151,72 @@ def test_the_main_loop_is_told_when_to_probe_again_during_the_grace(tmp_path: Pa
     bench.clock.now = 1060.0
     bench.probe()
     assert bench.passes.progress.recheck_at is None, "re-probes asked for after the grace"
+
+
+def test_a_big_batch_gives_its_garbage_back(tmp_path: Path) -> None:
+    """After a pass over at least BIG_BATCH files the worker collects garbage (then glibc gives
+    the free pages back): a flood must not leave the daemon fat. A small batch does not pay it."""
+    import gc
+
+    bench = Bench(tmp_path)
+    small = [bench.slot(f"s{n}", "gpu-rocm") for n in range(3)]
+    collections: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(info["generation"])
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the worker's own collections are seen
+    gc.callbacks.append(note)
+    try:
+        bench.full()
+        bench.changed(*small)
+        assert [] == collections, "a small batch paid for a full garbage collection"
+        for n in range(memory.BIG_BATCH):
+            bench.slot(f"big{n}", "gpu-rocm")
+        bench.full()
+        assert [2] == collections, "a batch of BIG_BATCH files did not give its garbage back"
+    finally:
+        gc.callbacks.remove(note)
+        if was_enabled:
+            gc.enable()
+
+
+def test_the_demoted_slots_gauge_follows_the_ledger(tmp_path: Path) -> None:
+    """A reload to a state_dir whose ledger says a cpu slot was demoted by us: no file changes,
+    but hal0_reconciler_demoted_slots goes to 1 in the textfile at the next pass (even one that
+    covers only that slot)."""
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom))
+    slot = bench.slot("agent", "cpu")
+    bench.facts = UNUSABLE
+    bench.full()
+    assert "hal0_reconciler_demoted_slots 0" in prom.read_text()
+    other = tmp_path / "state2"
+    other.mkdir()
+    ledger = {str(slot.absolute()): {"slot": "agent", "old": "gpu-rocm", "at": 1.0}}
+    (other / "demotions.json").write_text(json.dumps(ledger))
+    bench.passes.update_settings(
+        bench.make_settings(state_dir=str(other), metrics_textfile=str(prom))
+    )
+    bench.changed(slot)  # a partial pass: only a changed batch rewrites the textfile
+    assert "cpu" == device_of(slot), "setup: the lane is down, the demoted slot stays on cpu"
+    assert "hal0_reconciler_demoted_slots 1" in prom.read_text(), (
+        "the demoted-slots gauge did not follow the ledger"
+    )
+
+
+def test_a_hal0_update_alone_is_published(tmp_path: Path) -> None:
+    """hal0 updated with no slot whose verdict changes: the status still shows the new hal0
+    (the revision the main loop republishes on moves)."""
+    bench = Bench(tmp_path)
+    bench.slot("agent", "cpu")
+    bench.full()
+    sources = publish.Sources(bench.passes, None, {}, bench.selfheal, 0.0)
+    revision = bench.passes.progress.revision
+    bench.hal0.install("0822")
+    bench.full()
+    assert revision != bench.passes.progress.revision, "a hal0 update was not published"
+    snapshot, _ = publish.compose(sources, [], ready=True)
+    assert "1.0.0" == (snapshot["hal0"] or {}).get("version"), f"status: {snapshot['hal0']}"
