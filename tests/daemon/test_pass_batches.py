@@ -220,3 +220,26 @@ def test_a_hal0_update_alone_is_published(tmp_path: Path) -> None:
     assert revision != bench.passes.progress.revision, "a hal0 update was not published"
     snapshot, _ = publish.compose(sources, [], ready=True)
     assert "1.0.0" == (snapshot["hal0"] or {}).get("version"), f"status: {snapshot['hal0']}"
+
+
+def test_the_worker_keeps_nothing_about_slots_that_are_gone(tmp_path: Path) -> None:
+    """What the worker remembers per slot (its last status entry) is bounded by the slot
+    files that exist: a slot seen gone drops out at once, and slots that vanished unseen (their
+    events lost) at the next full pass; a partial pass keeps the other slots' entries."""
+    bench = Bench(tmp_path)
+    slots = [bench.slot(f"s{n}", "gpu-rocm") for n in range(4)]
+    bench.full()
+    remembered = bench.passes._entries
+    assert {str(p) for p in slots} == set(remembered), "setup: every slot remembered"
+    bench.changed(slots[0])
+    assert {str(p) for p in slots} == set(bench.passes._entries), (
+        "a partial pass forgot the slots it did not cover"
+    )
+    slots[1].unlink()
+    bench.changed(slots[1])
+    assert str(slots[1]) not in bench.passes._entries, "a slot seen gone is still remembered"
+    slots[2].unlink()  # its event lost
+    bench.full()
+    assert {str(slots[0]), str(slots[3])} == set(bench.passes._entries), (
+        "a full pass kept what it remembered about slots that vanished unseen"
+    )
