@@ -4,6 +4,7 @@ rewritten only for a batch that changed something, and the counters the bench re
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hal0_reconciler.daemon import memory, passes, publish
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, ProbeResult
 from hal0_reconciler.settings import Settings
+from hal0_reconciler.slots import seen
 from helpers.daemon_host import device_of
 from helpers.pass_bench import UNUSABLE, USABLE, Bench
 
@@ -243,3 +245,31 @@ def test_the_worker_keeps_nothing_about_slots_that_are_gone(tmp_path: Path) -> N
     assert {str(slots[0]), str(slots[3])} == set(bench.passes._entries), (
         "a full pass kept what it remembered about slots that vanished unseen"
     )
+
+
+def _settle() -> None:
+    """Let the slot files' last change age past the settle time: from then on a pass may judge
+    an unchanged file by its identity alone (the fast path), as on a host at rest."""
+    threading.Event().wait(seen.SETTLED_NS / 1e9 + 0.2)
+
+
+def test_settled_unchanged_slots_stay_in_the_status(tmp_path: Path) -> None:
+    """On a host at rest, full passes find every slot unchanged (the fast path): each stays in
+    the status as it was, the worker still remembers each, and a slot edited meanwhile shows
+    its new entry."""
+    bench = Bench(tmp_path)
+    slots = [bench.slot(f"s{n}", "gpu-rocm") for n in range(3)]
+    _settle()
+    bench.full()
+    shown = {p.name: bench.status(p) for p in slots}
+    for _ in range(2):  # every file the same as at the settled read: the outcomes are reused
+        bench.full()
+        again = {p.name: bench.status(p) for p in slots}
+        assert all(e is not None for e in again.values()), f"a settled slot dropped out: {again}"
+        assert shown == again, f"settled unchanged slots changed in the status: {again}"
+        assert {str(p) for p in slots} == set(bench.passes._entries), (
+            "the worker forgot settled unchanged slots"
+        )
+    bench.slot("s0", "cpu")
+    bench.full()
+    assert "cpu" == (bench.status(slots[0]) or {}).get("device"), "an edit after rest not shown"
