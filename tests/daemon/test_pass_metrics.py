@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler.model import HostFacts, LaneState
-from helpers.pass_bench import Bench
+from helpers.pass_bench import Bench, fight_until_hands_off
 
 
 def _gauge_states(text: str, family: str) -> dict[str, int]:
@@ -45,3 +45,36 @@ def test_the_lane_gauge_names_the_lanes_state(
     assert {"usable", "unusable", "unknown", "not-amd"} == set(states), (
         f"the lane gauge does not list every state: {sorted(states)}"
     )
+
+
+def _sample(text: str, name: str) -> int:
+    found = re.search(rf"^hal0_reconciler_{name} (\d+)$", text, re.MULTILINE)
+    assert found is not None, f"hal0_reconciler_{name} is not in the textfile"
+    return int(found[1])
+
+
+def test_a_fight_is_counted_said_once_and_shown_hands_off(tmp_path: Path) -> None:
+    """Another writer reverting a slot past fight_limit: fights_total 1 and hands_off 1 in the
+    textfile, and one ERROR naming the slot, its path, the reverts and the value fought over."""
+    from structlog.testing import capture_logs
+
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom), fight_limit=1)
+    slot = bench.slot("agent")
+    with capture_logs() as logs:
+        fight_until_hands_off(bench, slot, "agent")
+        bench.slot("agent")  # reverted once more: hands off, no fight said again
+        bench.changed(slot)
+    text = prom.read_text()
+    assert (1, 1) == (_sample(text, "fights_total"), _sample(text, "hands_off_slots")), (
+        "the fight is not counted in the textfile"
+    )
+    said = [e for e in logs if e["event"] == "slot.fight_detected"]
+    assert 1 == len(said), f"the fight was said {len(said)} times"
+    assert ("error", "agent", str(slot.absolute()), 2, "gpu-rocm") == (
+        said[0]["log_level"],
+        said[0]["slot"],
+        said[0]["path"],
+        said[0]["reverts"],
+        said[0]["value"],
+    ), f"the fight's log line: {said[0]}"
