@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler.model import HostFacts, LaneState
+from helpers.daemon_host import device_of
 from helpers.pass_bench import Bench, fight_until_hands_off
 
 
@@ -78,3 +79,36 @@ def test_a_fight_is_counted_said_once_and_shown_hands_off(tmp_path: Path) -> Non
         said[0]["reverts"],
         said[0]["value"],
     ), f"the fight's log line: {said[0]}"
+
+
+def test_demotions_and_restores_are_counted_apart_from_other_relabels(tmp_path: Path) -> None:
+    """A relabel to cpu because the lane is down counts as a demotion, putting our demotion
+    back as a restore; an ordinary relabel (gpu-vulkan to gpu-rocm) as neither."""
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom))
+
+    def counts() -> tuple[int, int]:
+        text = prom.read_text()
+        return _sample(text, "demotions_total"), _sample(text, "restores_total")
+
+    bench.slot("other")
+    bench.full()  # other: gpu-vulkan -> gpu-rocm, neither
+    seen = [counts()]
+    bench.facts = HostFacts(amd=True, lane=LaneState.UNUSABLE)
+    agent = bench.slot("agent")
+    bench.full()  # agent: gpu-vulkan -> cpu, a demotion
+    seen.append(counts())
+    bench.facts = HostFacts(amd=True, lane=LaneState.USABLE)
+    bench.probe()  # agent: back to gpu-rocm, a restore
+    seen.append(counts())
+    assert "gpu-rocm" == device_of(agent), "setup: the demotion was not restored"
+    assert [(0, 0), (1, 0), (1, 1)] == seen, f"(demotions, restores) after each pass: {seen}"
+    relabels = {
+        m[1]: int(m[2])
+        for m in re.finditer(
+            r'^hal0_reconciler_relabels_total{target="([^"]+)"} (\d+)$',
+            prom.read_text(),
+            re.MULTILINE,
+        )
+    }
+    assert {"gpu-rocm": 2, "cpu": 1} == relabels, f"relabels by target: {relabels}"
