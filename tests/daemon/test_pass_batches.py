@@ -69,6 +69,7 @@ def test_the_metrics_file_is_rewritten_only_when_a_batch_changed_something(
     prom = tmp_path / "textfiles" / "hal0.prom"
     bench = Bench(tmp_path, metrics_textfile=str(prom))
     slot = bench.slot("agent")
+    bench.slot("coder", "gpu-rocm")  # not in the partial batches below
     bench.full()  # relabels agent
     written = _metrics_file_identity(prom)
     bench.changed(slot)  # the echo of our own write: nothing changed
