@@ -274,3 +274,39 @@ def test_settled_unchanged_slots_stay_in_the_status(tmp_path: Path) -> None:
     bench.slot("s0", "cpu")
     bench.full()
     assert "cpu" == (bench.status(slots[0]) or {}).get("device"), "an edit after rest not shown"
+
+
+def test_problems_coming_and_going_are_published(tmp_path: Path) -> None:
+    """A problem appearing, its detail changing and it clearing each move the revision the
+    main loop republishes on; the same problem again, or clearing one that is not there, do
+    not (status.json is not rewritten for nothing)."""
+    bench = Bench(tmp_path)
+    moves = []
+    for step in (
+        lambda: bench.passes.problem("metrics", "cannot write x"),
+        lambda: bench.passes.problem("metrics", "cannot write x"),
+        lambda: bench.passes.problem("metrics", "cannot write y"),
+        lambda: bench.passes.clear_problem("metrics"),
+        lambda: bench.passes.clear_problem("metrics"),
+    ):
+        revision = bench.passes.progress.revision
+        step()
+        moves.append(bench.passes.progress.revision != revision)
+    assert [True, False, True, True, False] == moves, f"published or not, step by step: {moves}"
+
+
+def test_after_the_echo_of_a_relabel_an_edit_is_news(tmp_path: Path) -> None:
+    """The pass after a relabel finds the file as written: the status still says relabelled.
+    An operator's edit of that slot afterwards (its name) is shown at once."""
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    bench.full()
+    bench.changed(slot)  # the echo of our own write
+    entry = bench.status(slot) or {}
+    assert ("relabeled", "agent") == (entry.get("status"), entry.get("name")), entry
+    slot.write_text(slot.read_text().replace('name = "agent"', 'name = "helper"'))
+    bench.changed(slot)
+    entry = bench.status(slot) or {}
+    assert ("unchanged", "helper") == (entry.get("status"), entry.get("name")), (
+        f"an edit after the echo was not shown: {entry}"
+    )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.daemon import selfheal
 from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.settings import AiterSettings, AiterTree
 from helpers.daemon_host import device_of
 from helpers.pass_bench import Bench, fight_until_hands_off
 
@@ -112,3 +116,57 @@ def test_demotions_and_restores_are_counted_apart_from_other_relabels(tmp_path: 
         )
     }
     assert {"gpu-rocm": 2, "cpu": 1} == relabels, f"relabels by target: {relabels}"
+
+
+class _QuietMonitor:
+    """An aiter check that finds a quiet tree."""
+
+    def watch_paths(self) -> list[Path]:
+        return []
+
+    def check(self, *, heal: bool) -> monitor.MonitorReport:
+        del heal
+        return monitor.MonitorReport(())
+
+
+def test_the_aiter_families_are_written_only_with_aiter_trees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without aiter trees the textfile has no aiter family (no alert on a host without
+    aiter); with one, the not-converging gauge counts the modules the status lists."""
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom))
+    bench.full()
+    assert "aiter" not in prom.read_text(), "aiter families written without aiter trees"
+    tree = AiterTree(package_dir=tmp_path / "aiter", target="gfx950:256")
+    settings = dataclasses.replace(bench.settings, aiter=AiterSettings(trees=(tree,)))
+    bench.selfheal = selfheal.SelfHeal(
+        settings, factory=lambda _s: _QuietMonitor(), clock=bench.clock
+    )
+    bench.passes._aiter = bench.selfheal
+    bench.passes.update_settings(settings)
+    real_status = bench.selfheal.status
+
+    def status() -> dict[str, object] | None:
+        return {**(real_status() or {}), "not_converging": ["base:m1", "base:m2"]}
+
+    monkeypatch.setattr(bench.selfheal, "status", status)
+    bench.full()
+    text = prom.read_text()
+    assert 2 == _sample(text, "aiter_modules_not_converging"), "not-converging modules"
+
+
+def test_the_healthy_gauge_is_written_when_the_health_changes(tmp_path: Path) -> None:
+    """The main loop's verdict goes to hal0_reconciler_healthy as soon as it changes (not at
+    the next pass); the same verdict again does not rewrite the file."""
+    prom = tmp_path / "textfiles" / "hal0.prom"
+    bench = Bench(tmp_path, metrics_textfile=str(prom))
+    bench.full()
+    assert 0 == _sample(prom.read_text(), "healthy"), "healthy before the main loop said so"
+    bench.passes.note_health(healthy=True, settings=bench.settings)
+    assert 1 == _sample(prom.read_text(), "healthy"), "a healthy verdict was not written"
+    written = prom.stat().st_ino  # written by rename: a rewrite is a new inode
+    bench.passes.note_health(healthy=True, settings=bench.settings)
+    assert written == prom.stat().st_ino, "the same verdict rewrote the textfile"
+    bench.passes.note_health(healthy=False, settings=bench.settings)
+    assert 0 == _sample(prom.read_text(), "healthy"), "an unhealthy verdict was not written"
