@@ -16,7 +16,7 @@ import pytest
 from watchdog.observers import Observer
 
 from hal0_reconciler.daemon.workqueue import WorkKey
-from helpers.watch_tree import make_tree, watcher_on
+from helpers.watch_tree import UnfilteredObserver, make_tree, watcher_on
 
 IN_CLOSE_NOWRITE = 0x10
 IN_OPEN = 0x20
@@ -41,13 +41,6 @@ def _inotify_masks() -> dict[int, int]:
                 fields = dict(f.split(":", 1) for f in line.split()[1:])
                 masks[int(fields["ino"], 16)] = int(fields["mask"], 16)
     return masks
-
-
-class UnfilteredObserver(Observer):  # type: ignore[misc, valid-type]
-    """The real observer without ``event_filter`` (like watchdog before 5.0)."""
-
-    def schedule(self, event_handler: Any, path: str, *, recursive: bool = False) -> Any:
-        return super().schedule(event_handler, path, recursive=recursive)
 
 
 @pytest.mark.parametrize("observer", [Observer, UnfilteredObserver], ids=["filtering", "2.2"])

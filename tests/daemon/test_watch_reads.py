@@ -6,22 +6,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-from watchdog.observers import Observer
 
 from hal0_reconciler.daemon.workqueue import WorkKey
 from hal0_reconciler.model import SlotKey
 from helpers.daemon_host import wait_until
-from helpers.watch_tree import make_tree, watcher_on
-
-
-class UnfilteredObserver(Observer):  # type: ignore[misc, valid-type]
-    """The real observer without ``event_filter`` (like watchdog before 5.0): every opened
-    and closed-without-writing event reaches the handlers."""
-
-    def schedule(self, event_handler: Any, path: str, *, recursive: bool = False) -> Any:
-        return super().schedule(event_handler, path, recursive=recursive)
+from helpers.watch_tree import UnfilteredObserver, make_tree, watcher_on
 
 
 def test_reading_slot_files_is_no_work_and_keeps_the_watches(tmp_path: Path) -> None:
