@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,29 +159,42 @@ def test_the_main_loop_is_told_when_to_probe_again_during_the_grace(tmp_path: Pa
 
 
 def test_a_big_batch_gives_its_garbage_back(tmp_path: Path) -> None:
-    """After a pass over at least BIG_BATCH files the worker collects garbage (then glibc gives
-    the free pages back): a flood must not leave the daemon fat. A small batch does not pay it."""
+    """After a pass over at least BIG_BATCH files the worker drops the pass's report and
+    collects garbage (then glibc gives the free pages back): a flood must not leave the daemon
+    fat. A small batch does not pay for it."""
     import gc
 
     bench = Bench(tmp_path)
     small = [bench.slot(f"s{n}", "gpu-rocm") for n in range(3)]
-    collections: list[int] = []
+    bench.full()
+    reconciler = bench.passes._reconciler
+    assert reconciler is not None
+    reports: list[weakref.ref[Any]] = []
+    reconcile = reconciler.reconcile
+
+    def keep_an_eye(*args: Any, **kwargs: Any) -> Any:
+        report = reconcile(*args, **kwargs)
+        reports.append(weakref.ref(report))
+        return report
+
+    reconciler.reconcile = keep_an_eye  # type: ignore[method-assign]
+    report_held: list[bool] = []  # at each full collection: is the last report still held?
 
     def note(phase: str, info: dict[str, int]) -> None:
         if phase == "start" and info["generation"] == 2:
-            collections.append(info["generation"])
+            report_held.append(bool(reports) and reports[-1]() is not None)
 
     was_enabled = gc.isenabled()
     gc.disable()  # only the worker's own collections are seen
     gc.callbacks.append(note)
     try:
-        bench.full()
         bench.changed(*small)
-        assert [] == collections, "a small batch paid for a full garbage collection"
+        assert [] == report_held, "a small batch paid for a full garbage collection"
         for n in range(memory.BIG_BATCH):
             bench.slot(f"big{n}", "gpu-rocm")
         bench.full()
-        assert [2] == collections, "a batch of BIG_BATCH files did not give its garbage back"
+        assert 1 == len(report_held), "a batch of BIG_BATCH files did not give its garbage back"
+        assert [False] == report_held, "the big pass's report was still held when collected"
     finally:
         gc.callbacks.remove(note)
         if was_enabled:
