@@ -18,7 +18,7 @@ from helpers.daemon_host import device_of
 from helpers.lock_holder import holding_lock
 from helpers.pass_bench import Bench
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
 
 
 def _mount(*argv: str) -> None:
@@ -56,6 +56,7 @@ def _problems(bench: Bench) -> dict[str, str]:
         return dict(bench.passes.progress.problems)
 
 
+@needs_root
 def test_lasting_write_failures_are_said_until_a_pass_writes_the_slots(tmp_path: Path) -> None:
     """A full disk: "writes" names the first failing slot (by its path) and how many more;
     not unhealthy. The folder read-only: the same problem under "writes-read-only" (unhealthy:
