@@ -117,6 +117,8 @@ def test_a_probe_that_cannot_run_is_a_problem_until_it_runs_again(tmp_path: Path
     with capture_logs() as logs:
         bench.facts = HostFacts(amd=True, lane=LaneState.UNKNOWN, probe=cannot)
         bench.full()
+        warned_at_once = [e["event"] for e in logs if e["event"] == "host.probe_failed"]
+        bench.probe()
         bench.probe()
         problem = bench.passes.progress.problems.get("probe")
         bench.facts = USABLE
@@ -124,6 +126,7 @@ def test_a_probe_that_cannot_run_is_a_problem_until_it_runs_again(tmp_path: Path
     assert problem is not None, "a probe that cannot run is no problem"
     assert "no user 'hal0x'" in problem, f"the probe problem does not say why: {problem}"
     assert "probe" not in bench.passes.progress.problems, "a probe that runs again left it"
+    assert ["host.probe_failed"] == warned_at_once, "the first probe that cannot run is not said"
     said = [e["event"] for e in logs if e["event"].startswith("host.probe")]
     assert ["host.probe_failed", "host.probe_runs_again"] == said, f"said: {said}"
 
