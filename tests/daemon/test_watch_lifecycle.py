@@ -6,6 +6,7 @@ real inotify; the kernel's own view of each watch is read from /proc/self/fdinfo
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import shutil
 from collections.abc import Iterable
@@ -49,7 +50,8 @@ def test_the_kernel_is_not_asked_for_reads_where_watchdog_can_leave_them_out(
 ) -> None:
     """Where watchdog takes an event filter (5.0 on), the slots folder's inotify watch leaves
     out opened and closed-without-writing: hal0 reading slot files all day costs the daemon
-    nothing, not even a wakeup. An older watchdog cannot (its handler drops them instead)."""
+    nothing, not even a wakeup. Without the filter watchdog 5+ asks for them (the unfiltered
+    case shows the check can fail); Debian 12's 2.2 never asks for them."""
     tree = make_tree(tmp_path)
     slots = tree / "etc/slots"
     with watcher_on(tree, enqueue=_ignore, observer_factory=observer):
@@ -58,7 +60,7 @@ def test_the_kernel_is_not_asked_for_reads_where_watchdog_can_leave_them_out(
     reads = mask & (IN_OPEN | IN_CLOSE_NOWRITE)
     if observer is Observer:
         assert 0 == reads, f"the kernel reports reads of slot files (mask {mask:#x})"
-    else:
+    elif "event_filter" in inspect.signature(Observer.schedule).parameters:  # watchdog >= 5
         assert reads, f"setup: an observer without a filter gets every event (mask {mask:#x})"
 
 
