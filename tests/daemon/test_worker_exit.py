@@ -140,3 +140,21 @@ def test_stop_waits_for_the_running_pass_to_finish() -> None:
         assert finished.is_set(), "stop() returned while the pass was still running"
         assert not worker.is_alive()
     assert [] == [e for e in logs if e["event"] == "daemon.worker_abandoned"]
+
+
+def test_an_orderly_stop_fits_in_systemds_stop_budget() -> None:
+    """The waits of a stop (a running pass, a restart in flight, the observer thread) add up to
+    less than the unit's TimeoutStopSec: systemd never has to SIGKILL an orderly stop."""
+    from hal0_reconciler.daemon import passes, watch
+    from hal0_reconciler.host import units
+
+    waits = {
+        "worker": passes.WORKER_STOP_WAIT,
+        "restarter": units.RESTARTER_STOP_WAIT,
+        "observer": watch.OBSERVER_STOP_WAIT,
+    }
+    budget = _stop_budget()
+    assert sum(waits.values()) < budget, (
+        f"a stop may wait {sum(waits.values()):g}s ({waits}): over systemd's stop budget "
+        f"(TimeoutStopSec={budget:g}), so an orderly stop would be killed"
+    )
