@@ -165,9 +165,6 @@ class Reconciler:
         """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
         return len(self._ledger.keys())
 
-    def slot_paths(self) -> list[Path]:
-        return store.list_slot_paths(self._settings.slots_dir)
-
     def reconcile(
         self,
         facts: HostFacts,
