@@ -211,12 +211,16 @@ class Reconciler:
             outcomes.append(outcome)
         if paths is None and not (self._cancelled is not None and self._cancelled()):
             self._seen.keep_only(keys)
+            self._drop_unlisted(keys)
         outcomes = self._sync_folders(outcomes)
         if facts.amd and apply:
             for outcome in outcomes:
                 if self._reported_outcome.get(outcome.key) is not outcome:  # said already
                     self._report(outcome, facts)
-                    self._reported_outcome[outcome.key] = outcome
+                    if outcome.status is OutcomeStatus.GONE:  # nothing of it is kept
+                        self._reported_outcome.pop(outcome.key, None)
+                    else:
+                        self._reported_outcome[outcome.key] = outcome
         return PassReport(tuple(outcomes), time.monotonic() - started)
 
     def _listing(self) -> list[tuple[SlotKey, Path | str]]:
@@ -225,6 +229,15 @@ class Reconciler:
         base = str(folder if folder.is_absolute() else folder.absolute())
         prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
         return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
+
+    def _drop_unlisted(self, listed: set[SlotKey]) -> None:
+        """After a full listing: a slot file deleted with no pass over it is gone all the same
+        (its reported problems and our demotion record go, as when a pass finds it gone)."""
+        folder = self._settings.slots_dir.absolute()
+        for key in {*self._reported_outcome, *self._ledger.keys()} - listed:
+            if Path(key).parent == folder:
+                self.forget(key)
+                self._ledger.drop(key)
 
     def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
         """fsync each folder a file was renamed into, once for the whole pass, before anything
@@ -318,7 +331,7 @@ class Reconciler:
         return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
 
     def _read_and_decide(
-        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
+        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool
     ) -> tuple[document.SlotDoc, Verdict, store.SlotFile | None] | Outcome:
         """The slot's document and verdict. ``fresh``: read the bytes now (under the lock);
         else a file whose identity has not changed since a settled read is not read again

@@ -4,12 +4,14 @@ folder that cannot be synced."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,12 @@ import pytest
 import structlog.testing
 
 from hal0_reconciler import fsio
-from hal0_reconciler.model import Verdict
-from hal0_reconciler.reconcile import OutcomeStatus, Reconciler, slot_key
+from hal0_reconciler.model import HostFacts, Verdict
+from hal0_reconciler.reconcile import Outcome, OutcomeStatus, Reconciler, slot_key
 from hal0_reconciler.slots import document, policy, seen
 from hal0_reconciler.state import DemotionLedger
 from helpers.daemon_host import slot_text
-from helpers.hosts import ROCM_UNUSABLE, ROCM_USABLE
+from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
 from helpers.lock_holder import holding_lock
 
 
@@ -171,28 +173,102 @@ def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     time.sleep(0.02)  # the files written just before are older than the first read
 
 
-def _parses_alive(names: set[str]) -> int:
+def _kept_of(names: set[str]) -> int:
+    """Parses and outcomes of the slot files called ``names`` still alive anywhere."""
     gc.collect()
-    return sum(isinstance(o, document.SlotDoc) and o.name in names for o in gc.get_objects())
+    return sum(
+        (isinstance(o, document.SlotDoc) and o.name in names)
+        or (isinstance(o, Outcome) and o.path.stem in names)
+        for o in gc.get_objects()
+    )
 
 
 def test_the_memory_of_deleted_slots_is_released_by_the_next_full_pass(
     host_dirs: dict[str, Path], make_settings
 ) -> None:
-    """Slots come and go for months: the parse kept of each deleted file goes with the next
-    full pass (memory stays bounded by the slots that exist)."""
+    """Slots come and go for months: what was kept of each deleted file (its parse, its last
+    outcome) goes with the next full pass (memory stays bounded by the slots that exist)."""
     slots = host_dirs["slots_dir"]
     names = {f"gone{n}" for n in range(20)}
     paths = [_slot(slots, name, device="gpu-rocm") for name in sorted(names)]
     keeper = _slot(slots, "keeper", device="gpu-rocm")
     engine = Reconciler(make_settings())
     engine.reconcile(ROCM_USABLE)
-    assert 20 == _parses_alive(names), "setup: the engine keeps the parse of each slot"
+    assert 40 == _kept_of(names), "setup: the engine keeps the parse and outcome of each slot"
     for path in paths:
         path.unlink()
-    report = engine.reconcile(ROCM_USABLE)
-    assert [keeper] == [o.path for o in report.outcomes]
-    assert 0 == _parses_alive(names), "a full pass kept the parses of deleted slot files"
+    assert [keeper] == [o.path for o in engine.reconcile(ROCM_USABLE).outcomes]
+    assert 0 == _kept_of(names), "a full pass kept the memory of deleted slot files"
+
+
+@pytest.mark.parametrize("facts", [ROCM_USABLE, NOT_AMD], ids=["reporting", "quiet"])
+def test_a_pass_that_finds_a_slot_gone_releases_its_memory_at_once(
+    host_dirs: dict[str, Path], make_settings, facts: HostFacts
+) -> None:
+    """The pass a deletion event triggers (over that file only, reporting or not) forgets it:
+    the next full pass may be hours away."""
+    agent = _slot(host_dirs["slots_dir"], "agent", device="gpu-rocm")
+    engine = Reconciler(make_settings())
+    engine.reconcile(ROCM_USABLE)
+    agent.unlink()
+    (status,) = [o.status for o in engine.reconcile(facts, [agent]).outcomes]
+    assert OutcomeStatus.GONE is status
+    assert 0 == _kept_of({"agent"}), "a pass that found a slot gone kept its memory"
+
+
+def test_a_problem_of_a_file_deleted_unseen_and_put_back_is_reported_again(
+    host_dirs: dict[str, Path], make_settings
+) -> None:
+    """The deletion is seen by a full pass only (events lost, an overflow): the file put back
+    later is a new file, and its problem is reported again."""
+    slot = host_dirs["slots_dir"] / "agent.toml"
+    slot.write_text("name = [\n")
+    engine = Reconciler(make_settings())
+    with structlog.testing.capture_logs() as logs:
+        engine.reconcile(ROCM_USABLE)
+        slot.unlink()
+        engine.reconcile(ROCM_USABLE)
+        slot.write_text("name = [\n")
+        engine.reconcile(ROCM_USABLE)
+    reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
+    assert [str(slot), str(slot)] == reported, (
+        f"a problem of a file deleted and put back was not reported again: {reported}"
+    )
+
+
+def test_a_new_file_where_a_demoted_slot_was_deleted_unseen_is_the_operators(
+    host_dirs: dict[str, Path], make_settings
+) -> None:
+    """Our demoted slot is deleted, seen by a full pass only; the operator then puts a slot on
+    cpu at that path: it is theirs, and stays on cpu when the lane comes back."""
+    slot = _slot(host_dirs["slots_dir"], "agent")
+    ledger = DemotionLedger.in_state_dir(host_dirs["state_dir"])
+    engine = Reconciler(make_settings(), ledger=ledger)
+    engine.reconcile(ROCM_UNUSABLE)
+    assert 'device = "cpu"' in slot.read_text(), "setup: the slot is demoted"
+    slot.unlink()
+    engine.reconcile(ROCM_UNUSABLE)
+    assert frozenset() == ledger.keys(), "the demotion of a deleted slot is still on record"
+    slot.write_text('# on the CPU on purpose\nname = "agent"\ndevice = "cpu"\n')
+    engine.reconcile(ROCM_USABLE)
+    assert 'device = "cpu"' in slot.read_text(), "the operator's new cpu slot was 'restored'"
+
+
+def test_a_full_pass_keeps_the_demotions_of_slots_in_other_folders(
+    host_dirs: dict[str, Path], make_settings, tmp_path: Path
+) -> None:
+    """The record is per slot path: a slot demoted in another folder (the slots folder before
+    a settings change) is not dropped by a full pass over this one."""
+    other = tmp_path / "other"
+    other.mkdir()
+    elsewhere = _slot(other, "agent")
+    ledger = DemotionLedger.in_state_dir(host_dirs["state_dir"])
+    engine = Reconciler(make_settings(), ledger=ledger)
+    engine.reconcile(ROCM_UNUSABLE, [elsewhere])
+    engine.reconcile(ROCM_UNUSABLE)
+    assert {str(elsewhere)} == set(ledger.keys()), (
+        "a full pass dropped the demotion of a slot outside its folder"
+    )
 
 
 def test_a_pass_over_unchanged_files_gives_back_their_outcomes_as_they_were(
@@ -296,3 +372,56 @@ def test_a_pass_that_writes_nothing_syncs_no_folder(
     report = Reconciler(make_settings()).reconcile(ROCM_USABLE)
     assert {OutcomeStatus.UNCHANGED} == {o.status for o in report.outcomes}
     assert [] == synced, "a pass that wrote nothing fsynced the slots folder"
+
+
+@contextlib.contextmanager
+def _small_tmpfs(folder: Path, size: str) -> Iterator[None]:
+    """``folder`` as a fresh tmpfs of ``size`` (a real disk that can fill up) until exit."""
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=False, timeout=30)
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system is full."""
+    with path.open("wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.timeout(60)
+def test_a_write_that_fails_clears_the_leftovers_of_a_crashed_write(
+    host_dirs: dict[str, Path], make_settings
+) -> None:
+    """The slots folder is full because another instance crashed mid-write and left its temp
+    file: our write fails (ENOSPC) and, holding hal0's lock (so no write is in flight), we
+    remove that leftover and say so; the next pass can write."""
+    slots = host_dirs["slots_dir"]
+    with _small_tmpfs(slots, "64k"):
+        engine = Reconciler(make_settings())
+        engine.reconcile(ROCM_USABLE)  # started: the start-up look for leftovers is done
+        agent = _slot(slots, "agent")
+        leftover = fsio.temp_path_for(slots / "other.toml")
+        _fill(leftover)
+        with structlog.testing.capture_logs() as logs:
+            (failed,) = engine.reconcile(ROCM_USABLE).outcomes
+        assert (OutcomeStatus.WRITE_FAILED, errno.ENOSPC) == (failed.status, failed.errno)
+        assert not leftover.exists(), "a failed write left the crashed write's temp file"
+        cleared = [e for e in logs if e["event"] == "slot.temp_files_removed"]
+        assert [(1, str(slots))] == [(e["count"], e["folder"]) for e in cleared], (
+            "the removal of leftover temp files was not said (with how many, and where)"
+        )
+        (written,) = engine.reconcile(ROCM_USABLE).outcomes
+        assert OutcomeStatus.RELABELED is written.status
+        assert 'device = "gpu-rocm"' in agent.read_text()
