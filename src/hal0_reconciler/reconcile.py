@@ -217,9 +217,7 @@ class Reconciler:
             for outcome in outcomes:
                 if self._reported_outcome.get(outcome.key) is not outcome:  # said already
                     self._report(outcome, facts)
-                    if outcome.status is OutcomeStatus.GONE:  # nothing of it is kept
-                        self._reported_outcome.pop(outcome.key, None)
-                    else:
+                    if outcome.status is not OutcomeStatus.GONE:  # nothing of it is kept
                         self._reported_outcome[outcome.key] = outcome
         return PassReport(tuple(outcomes), time.monotonic() - started)
 

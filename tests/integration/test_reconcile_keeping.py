@@ -21,7 +21,7 @@ import structlog.testing
 from hal0_reconciler import fsio
 from hal0_reconciler.model import HostFacts, Verdict
 from hal0_reconciler.reconcile import Outcome, OutcomeStatus, Reconciler, slot_key
-from hal0_reconciler.slots import document, policy, seen
+from hal0_reconciler.slots import document, policy, seen, store
 from hal0_reconciler.state import DemotionLedger
 from helpers.daemon_host import slot_text
 from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
@@ -183,21 +183,23 @@ def _kept_of(names: set[str]) -> int:
     )
 
 
+@pytest.mark.parametrize("facts", [ROCM_USABLE, NOT_AMD], ids=["reporting", "quiet"])
 def test_the_memory_of_deleted_slots_is_released_by_the_next_full_pass(
-    host_dirs: dict[str, Path], make_settings
+    host_dirs: dict[str, Path], make_settings, facts: HostFacts
 ) -> None:
     """Slots come and go for months: what was kept of each deleted file (its parse, its last
-    outcome) goes with the next full pass (memory stays bounded by the slots that exist)."""
+    outcome) goes with the next full pass, reporting or not (memory stays bounded by the slots
+    that exist)."""
     slots = host_dirs["slots_dir"]
     names = {f"gone{n}" for n in range(20)}
     paths = [_slot(slots, name, device="gpu-rocm") for name in sorted(names)]
     keeper = _slot(slots, "keeper", device="gpu-rocm")
     engine = Reconciler(make_settings())
-    engine.reconcile(ROCM_USABLE)
-    assert 40 == _kept_of(names), "setup: the engine keeps the parse and outcome of each slot"
+    engine.reconcile(facts)
+    assert _kept_of(names) >= 20, "setup: the engine keeps the parse of each slot"
     for path in paths:
         path.unlink()
-    assert [keeper] == [o.path for o in engine.reconcile(ROCM_USABLE).outcomes]
+    assert [keeper] == [o.path for o in engine.reconcile(facts).outcomes]
     assert 0 == _kept_of(names), "a full pass kept the memory of deleted slot files"
 
 
@@ -216,23 +218,33 @@ def test_a_pass_that_finds_a_slot_gone_releases_its_memory_at_once(
     assert 0 == _kept_of({"agent"}), "a pass that found a slot gone kept its memory"
 
 
-def test_a_problem_of_a_file_deleted_unseen_and_put_back_is_reported_again(
-    host_dirs: dict[str, Path], make_settings
+_PROBLEMS = {  # a slot text, and the event that reports its problem
+    "unreadable": ("name = [\n", "slot.unreadable"),
+    "bad-name": ('name = "Odd"\ntype = "llm"\ndevice = "cpu"\n', "slot.name_invalid"),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(_PROBLEMS))
+@pytest.mark.parametrize("seen_by", ["a pass over it", "a full pass only"])
+def test_a_problem_of_a_file_deleted_and_put_back_is_reported_again(
+    host_dirs: dict[str, Path], make_settings, problem: str, seen_by: str
 ) -> None:
-    """The deletion is seen by a full pass only (events lost, an overflow): the file put back
-    later is a new file, and its problem is reported again."""
+    """A problem is said once per file: deleted (the deletion seen by a pass over that file,
+    or by a full pass only: events lost, an overflow) and put back later, it is a new file,
+    and its problem is said again."""
+    text, event = _PROBLEMS[problem]
     slot = host_dirs["slots_dir"] / "agent.toml"
-    slot.write_text("name = [\n")
+    slot.write_text(text)
     engine = Reconciler(make_settings())
     with structlog.testing.capture_logs() as logs:
         engine.reconcile(ROCM_USABLE)
         slot.unlink()
+        engine.reconcile(ROCM_USABLE, [slot] if seen_by == "a pass over it" else None)
+        slot.write_text(text)
         engine.reconcile(ROCM_USABLE)
-        slot.write_text("name = [\n")
-        engine.reconcile(ROCM_USABLE)
-    reported = [e["path"] for e in logs if e["event"] == "slot.unreadable"]
+    reported = [e["path"] for e in logs if e["event"] == event]
     assert [str(slot), str(slot)] == reported, (
-        f"a problem of a file deleted and put back was not reported again: {reported}"
+        f"{event} of a file deleted (seen by {seen_by}) and put back was not said again"
     )
 
 
@@ -425,3 +437,60 @@ def test_a_write_that_fails_clears_the_leftovers_of_a_crashed_write(
         (written,) = engine.reconcile(ROCM_USABLE).outcomes
         assert OutcomeStatus.RELABELED is written.status
         assert 'device = "gpu-rocm"' in agent.read_text()
+
+
+class _Waits:
+    """``time`` for the store: records each wait for the lock instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_the_start_up_look_for_leftovers_never_waits_for_the_lock(
+    host_dirs: dict[str, Path], make_settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start, with hal0's lock held by another writer, the leftover temp file may be their
+    write in flight: it is left for later, without waiting a moment for the lock (the first
+    pass, and READY=1, are not delayed by it)."""
+    slots = host_dirs["slots_dir"]
+    _slot(slots, "agent", device="gpu-rocm")  # nothing to write: no other need for the lock
+    leftover = fsio.temp_path_for(slots / "agent.toml")
+    leftover.write_text("maybe in flight")
+    waits = _Waits()
+    with holding_lock(Path(f"{slots}.lock")):
+        monkeypatch.setattr(store, "time", waits)
+        Reconciler(make_settings()).reconcile(ROCM_USABLE)
+    assert leftover.exists(), "a temp file was removed while another writer held the lock"
+    assert [] == waits.sleeps, "the start-up look for leftover temp files waited for the lock"
+
+
+@pytest.mark.parametrize("broken", ["symlink", "over the size limit", "not TOML"])
+def test_a_file_that_broke_keeps_nothing_of_its_former_parse(
+    host_dirs: dict[str, Path], make_settings, broken: str
+) -> None:
+    """What the engine holds describes the files as they are now: a slot that became a
+    symlink, too large or unparsable keeps no parse of what it was."""
+    slot = _slot(host_dirs["slots_dir"], "agent", device="gpu-rocm")
+    engine = Reconciler(make_settings(slot_max_bytes=1024))
+    engine.reconcile(ROCM_USABLE)
+    assert _kept_of({"agent"}) >= 1, "setup: the parse of the slot is kept"
+    if broken == "symlink":
+        slot.unlink()
+        slot.symlink_to(host_dirs["slots_dir"].parent / "elsewhere.toml")
+    elif broken == "over the size limit":
+        slot.write_text(slot_text("agent", "gpu-rocm") + "#" * 2048 + "\n")
+    else:
+        slot.write_text("name = [\n")
+    (outcome,) = engine.reconcile(ROCM_USABLE).outcomes
+    assert outcome.status in {OutcomeStatus.NOT_REGULAR, OutcomeStatus.UNREADABLE}
+    gc.collect()
+    kept = [o for o in gc.get_objects() if isinstance(o, document.SlotDoc) and o.name == "agent"]
+    assert [] == kept, f"a slot that is now {broken} still holds its former parse"
