@@ -1,6 +1,8 @@
-"""What the engine keeps, and for how long, as an operator feels it: one key per slot whatever
-path names it, the demotion gauge, hands-off entries, leftover temp files, an orderly stop, a
-folder that cannot be synced."""
+"""What the engine keeps between passes, and for how long, as an operator feels it: one key per
+slot whatever path names it, the demotion gauge, hands-off entries, leftover temp files (at
+start, and after a write fails on a full disk), an orderly stop, a folder that cannot be synced,
+what is remembered of each file (kept outcomes, released memory, problems said again, failed
+writes tried again)."""
 
 from __future__ import annotations
 
