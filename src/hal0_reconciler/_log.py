@@ -23,11 +23,16 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 from hal0_reconciler import console
 from hal0_reconciler.settings import LogFormat
+
+# Every line this process logs (structlog's and stdlib's, from any thread) is written whole under
+# this one lock: two sinks with locks of their own could put two events on one line.
+WRITE_LOCK = threading.RLock()
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
 # sd-daemon(3) priorities by structlog method / level name
@@ -119,7 +124,11 @@ def native_fields(line: str, event_dict: MutableMapping[str, Any]) -> dict[str, 
 
 
 class JournalLogger:
-    """The final sink under systemd: native journal when available, else one stderr line."""
+    """The final sink: the native journal when given ``send``, else one whole line on stderr.
+
+    Every format ends here (console and JSON with no ``send``): the line and its newline are one
+    write under ``WRITE_LOCK``, shared with the stdlib handler, so lines never interleave.
+    """
 
     def __init__(self, file: TextIO | None = None, send: Callable[..., Any] | None = None) -> None:
         self._file = file
@@ -134,8 +143,9 @@ class JournalLogger:
             else:
                 return
         out = self._file or sys.stderr
-        out.write(line + "\n")
-        out.flush()
+        with WRITE_LOCK:
+            out.write(line + "\n")
+            out.flush()
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
@@ -230,7 +240,6 @@ def _apply(resolved: LogFormat, level: str) -> None:
         structlog.stdlib.add_log_level,
         drop_none,
     ]
-    logger_factory: Callable[..., Any]
     processors: list[Processor]
     handler = _OurHandler(sys.stderr)
     if resolved is LogFormat.JOURNAL:
@@ -241,7 +250,6 @@ def _apply(resolved: LogFormat, level: str) -> None:
             _journal_renderer(native=send is not None),
         ]
         sink = JournalLogger(send=send)
-        logger_factory = lambda *_args: sink  # noqa: E731 - one shared sink
         handler.setFormatter(_StdlibJournalFormatter("%(name)s: %(message)s"))
     elif resolved is LogFormat.CONSOLE:
         processors = [
@@ -249,7 +257,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
-        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        sink = JournalLogger()
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
     else:
         processors = [
@@ -258,12 +266,12 @@ def _apply(resolved: LogFormat, level: str) -> None:
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ]
-        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        sink = JournalLogger()
         handler.setFormatter(_StdlibJsonFormatter())
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=logger_factory,
+        logger_factory=lambda *_args: sink,
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
