@@ -190,12 +190,15 @@ def get_logger(*args: Any) -> Any:
     return _LazyLogger(*args)
 
 
+_IMPORTING = threading.Lock()
 _pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
 
 
 def _structlog() -> Any:
     """structlog, with the configuration given to ``configure`` applied on first import."""
     global _pending  # noqa: PLW0603 - one process-wide logging setup
+    if "structlog" not in sys.modules:
+        _import_structlog(console=_pending is not None and _pending[0] is LogFormat.CONSOLE)
     import structlog  # noqa: PLC0415 - on first use: asyncio and friends cost ~50 ms
 
     if _pending is not None:
@@ -203,6 +206,23 @@ def _structlog() -> Any:
         _pending = None
         _apply(fmt, level)
     return structlog
+
+
+def _import_structlog(*, console: bool) -> None:
+    """Import structlog; without ``rich`` unless the log is for a person at a terminal.
+
+    structlog loads rich (when installed) for its console renderer's tracebacks; the journal
+    and JSON formats never use it, and it is the larger half of structlog's import. A reload
+    that switches to ``console`` keeps structlog's plain traceback formatter."""
+    with _IMPORTING:  # two threads logging their first events: one does this
+        if console or "rich" in sys.modules or "structlog" in sys.modules:
+            importlib.import_module("structlog")
+            return
+        sys.modules["rich"] = None  # type: ignore[assignment]  # the import system: "not there"
+        try:
+            importlib.import_module("structlog")
+        finally:
+            sys.modules.pop("rich", None)
 
 
 def configure(fmt: LogFormat, level: str) -> LogFormat:
