@@ -496,3 +496,29 @@ def test_a_file_that_broke_keeps_nothing_of_its_former_parse(
     gc.collect()
     kept = [o for o in gc.get_objects() if isinstance(o, document.SlotDoc) and o.name == "agent"]
     assert [] == kept, f"a slot that is now {broken} still holds its former parse"
+
+
+def test_a_restart_naming_the_same_folder_relatively_keeps_the_memory(
+    host_dirs: dict[str, Path],
+    make_settings,
+    monkeypatch: pytest.MonkeyPatch,
+    settled_at_once: None,
+) -> None:
+    """The saved memory of slot files is for a folder, however the setting spells it: a restart
+    with ``slots_dir`` relative to the working directory (the same folder) reads no file."""
+    slots = host_dirs["slots_dir"]
+    for n in range(3):
+        _slot(slots, f"s{n}", device="gpu-rocm")
+    memory = host_dirs["state_dir"] / "seen-slots.json"
+    Reconciler(make_settings(), seen_file=memory).reconcile(ROCM_USABLE)
+    reads: list[Path] = []
+    real = store.read_slot
+
+    def counting(path: Path, **kwargs: Any) -> store.SlotFile:
+        reads.append(path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(store, "read_slot", counting)
+    monkeypatch.chdir(slots.parent)
+    Reconciler(make_settings(slots_dir=slots.name), seen_file=memory).reconcile(ROCM_USABLE)
+    assert [] == reads, "a restart naming the slots folder relatively forgot the saved memory"
