@@ -222,9 +222,6 @@ class Reconciler:
         """Slots on ``cpu`` now because this reconciler demoted them (a metrics gauge)."""
         return len(self._ledger.keys())
 
-    def slot_paths(self) -> list[Path]:
-        return store.list_slot_paths(self._settings.slots_dir)
-
     def reconcile(
         self,
         facts: HostFacts,
@@ -281,7 +278,7 @@ class Reconciler:
         if group:  # decided before a stop, if any: written now
             self._write_group(group, outcomes, facts)
         if paths is None and not (cancelled is not None and cancelled()):
-            self._seen.keep_only({key for key, _ in listing})
+            self._drop_unlisted({key for key, _ in listing})
         done = self._sync_folders(cast("list[Outcome]", outcomes))  # every group written
         if facts.amd and apply:
             self._report_new(done, facts)
@@ -293,6 +290,17 @@ class Reconciler:
         base = str(folder if folder.is_absolute() else folder.absolute())
         prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
         return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
+
+    def _drop_unlisted(self, listed: set[SlotKey]) -> None:
+        """After a full listing: a slot file deleted with no pass over it is gone all the same
+        (its parse, reported problems and our demotion record go, as when a pass finds it
+        gone)."""
+        self._seen.keep_only(listed)
+        folder = self._settings.slots_dir.absolute()
+        for key in {*self._reported_outcome, *self._ledger.keys()} - listed:
+            if Path(key).parent == folder:
+                self.forget(key)
+                self._ledger.drop(key)
 
     def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
         """fsync each folder a file was renamed into, once for the whole pass, before anything
@@ -474,7 +482,7 @@ class Reconciler:
         return _Ready(w, doc, verdict, made, pending, data, written)
 
     def _read_and_decide(
-        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
+        self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool
     ) -> tuple[document.SlotDoc, Verdict, store.SlotFile | None] | Outcome:
         """The slot's document and verdict. ``fresh``: read the bytes now (under the lock);
         else a file whose identity has not changed since a settled read is not read again
@@ -614,7 +622,8 @@ class Reconciler:
         for outcome in outcomes:
             if self._reported_outcome.get(outcome.key) is not outcome:  # said already
                 self._report(outcome, facts)
-                self._reported_outcome[outcome.key] = outcome
+                if outcome.status is not OutcomeStatus.GONE:  # nothing of it is kept
+                    self._reported_outcome[outcome.key] = outcome
 
     def _report_unit_problem(self, o: Outcome) -> None:
         """A name or id hal0 could not run: said once per file (again when it changes)."""

@@ -194,10 +194,11 @@ def read_catalog(profiles_file: Path, *, bounds: limits.Limits | None = None) ->
             if not stat.S_ISREG(mode):  # a FIFO would block every pass
                 raise WriteRefused(f"{_kind_of_mode(mode)}, not a regular file")
             with os.fdopen(os.dup(fd), "rb") as fh:
-                raw = fh.read(bounds.max_bytes + 1)
+                raw = fh.read(bounds.max_bytes + 1)  # one byte past the limit, never more
+            if len(raw) > bounds.max_bytes:  # how much more was never read: not said
+                raise OverLimit(f"over the size limit: more than {bounds.max_bytes} bytes")
         finally:
             os.close(fd)
-        limits.check_size(len(raw), bounds)
         text = raw.decode("utf-8")
         limits.check_text(text, bounds)
         data = tomllib.loads(text)
