@@ -92,11 +92,12 @@ class Installs:
         return cached[1], cached[2]
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+def _stamp(path: Path) -> tuple[int, ...] | None:
     try:
-        return fsio.identity_of(path.stat())
+        st = path.stat()
     except OSError:
         return None
+    return (*fsio.identity_of(st), st.st_ctime_ns)  # ctime: a rewrite keeping size and mtime
 
 
 def _version(package_dir: Path, notes: list[str]) -> tuple[str | None, Path | None]:

@@ -20,6 +20,7 @@ miss. Writes are atomic (``fsio.write_json``); at most ``MAX_ENTRIES`` entries a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -31,6 +32,10 @@ from hal0_reconciler.aiter import plan, tables
 CACHE_VERSION = 1
 MAX_ENTRIES = 32
 """Environments with distinct inputs remembered (the rest are derived again each check)."""
+
+_RUNS = r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*"
+_REFS = re.compile(rf"(?:\d+:{_RUNS}(?:;\d+:{_RUNS})*)?")
+_READ_INDEX = re.compile(r"(?:^|;)(\d+):")
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,6 @@ def decode_refs(text: str, paths: Sequence[PurePath]) -> tuple[plan.Reference, .
             first, _, last = run.partition("-")
             start = int(first)
             end = int(last) if last else start
-            if end < start:
-                raise ValueError(f"bad run {run!r}")
             refs.extend(plan.Reference(path, line) for line in range(start, end + 1))
     return tuple(refs)
 
@@ -186,9 +189,9 @@ def decode(raw: Any, paths: Sequence[PurePath]) -> Derived:
     needs: dict[str, plan.Needs] = {}
     for module, entry in raw["needs"].items():
         needs[str(module)] = plan.Needs(
-            names={str(n): LazyRefs(_text(t), paths) for n, t in entry["names"].items()},
+            names={str(n): LazyRefs(_refs(t, paths), paths) for n, t in entry["names"].items()},
             unbuildable={
-                str(n): LazyRefs(_text(t), paths) for n, t in entry["unbuildable"].items()
+                str(n): LazyRefs(_refs(t, paths), paths) for n, t in entry["unbuildable"].items()
             },
             broken=[
                 plan.Broken(paths[int(i)], int(line), str(reason))
@@ -199,9 +202,15 @@ def decode(raw: Any, paths: Sequence[PurePath]) -> Derived:
     return Derived(sources, merges, needs)
 
 
-def _text(value: Any) -> str:
+def _refs(value: Any, paths: Sequence[PurePath]) -> str:
+    """Encoded references checked now (their form and read indices), so that decoding them
+    later cannot fail. Raises TypeError or ValueError."""
     if not isinstance(value, str):
         raise TypeError("references must be text")
+    if _REFS.fullmatch(value) is None:
+        raise ValueError(f"bad references {value[:40]!r}")
+    if any(int(i) >= len(paths) for i in _READ_INDEX.findall(value)):
+        raise ValueError("a reference names no read")
     return value
 
 

@@ -213,6 +213,7 @@ class Sources:
         cached = self._used.get(key)
         if cached is None and (earlier := self._tables.get(key)) is not None and earlier[1]:
             cached = earlier
+            self.table_cache.keep(key)  # still in use, though not asked for
         if cached is None and (on_disk := self.table_cache.get(key)) is not None:
             cached = (plan.TableSource(r.file, r.route, table=on_disk), True)
         if cached is None:

@@ -23,6 +23,7 @@ from hal0_reconciler.aiter import (
     resolve,
     routing,
     sources,
+    tablecache,
     tables,
     target,
 )
@@ -342,9 +343,9 @@ class Surveyor:
         return modules
 
 
-def _identity(path: Path) -> tuple[int, int, int, int] | None:
+def _identity(path: Path) -> tablecache.Stamp | None:
     try:
-        return fsio.identity_of(path.stat())
+        return tablecache.stamp_of(path.stat())
     except OSError:
         return None
 
