@@ -272,9 +272,7 @@ def _kfd(root: Path, gfx_version: int, cus: int) -> Path:
 
 def _live(tree: Tree, root: Path, gpu: tuple[int, int], archs: str) -> Settings:
     """A live GPU (KFD) and the GPU_ARCHS the build compiles for."""
-    return tree.settings(
-        target="auto", env={"GPU_ARCHS": archs}, kfd_topology_dir=_kfd(root, *gpu)
-    )
+    return tree.settings(target="auto", env={"GPU_ARCHS": archs}, kfd_topology_dir=_kfd(root, *gpu))
 
 
 @pytest.mark.parametrize("what", ["routing", "target", "lookup-and-build-swapped"])
@@ -323,11 +321,13 @@ def _first_refs(entry: dict[str, Any], text: str) -> None:
 DAMAGE: dict[str, Callable[[Tree], Callable[[Path], None]]] = {
     "not-json": lambda _: lambda p: p.write_text("{half"),
     "cut-short": lambda _: lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
-    "other-format": lambda _: lambda p: p.write_text(
-        json.dumps({**json.loads(p.read_text()), "version": needscache.CACHE_VERSION + 1})
+    "other-format": lambda _: (
+        lambda p: p.write_text(
+            json.dumps({**json.loads(p.read_text()), "version": needscache.CACHE_VERSION + 1})
+        )
     ),
-    "other-package": lambda _: lambda p: p.write_text(
-        json.dumps({**json.loads(p.read_text()), "package": "0.0.0"})
+    "other-package": lambda _: (
+        lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "package": "0.0.0"}))
     ),
     "entry-empty": lambda t: _first_entry(t, lambda e: e.clear()),
     "refs-garbled": lambda t: _first_entry(t, lambda e: _first_refs(e, "1:x")),
