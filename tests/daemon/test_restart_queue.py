@@ -1,0 +1,188 @@
+"""The restarter's queue: deferred restarts run once each, at their turn, in due order, however
+many are pending and however often their due time moved (a real systemctl stand-in, a real
+HTTP server for hal0's API)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.host import units
+from helpers.daemon_host import wait_until
+from helpers.fake_systemctl import FakeSystemctl
+from helpers.hal0_api_server import Hal0Api
+
+
+def _settings(
+    tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api, interval: float
+) -> settings_mod.Settings:
+    return settings_mod.load(
+        None,
+        {
+            "slots_dir": str(tmp_path / "slots"),
+            "state_dir": str(tmp_path / "state"),
+            "runtime_dir": str(tmp_path / "run"),
+            "systemctl": str(systemctl.path),
+            "api_url": api.url,
+            "api_env_file": str(tmp_path / "api.env"),
+            "api_timeout": 5,
+            "restart_min_interval": interval,
+        },
+    )
+
+
+def _request(name: str) -> units.RestartRequest:
+    return units.RestartRequest(name=name, token=name)
+
+
+def _active(tmp_path: Path, names: list[str]) -> FakeSystemctl:
+    return FakeSystemctl(tmp_path / "bin", {units.unit_name(n): "active" for n in names})
+
+
+def _restarted(api: Hal0Api) -> list[str]:
+    return [path.split("/")[3] for _, path, _ in api.requests]
+
+
+def test_a_flood_of_deferred_restarts_runs_each_unit_once_at_its_turn(tmp_path: Path) -> None:
+    """300 slots restarted, then each relabelled twice more at once: every one waits out
+    restart_min_interval (pending says so), then is restarted exactly once more."""
+    names = [f"s{n:03d}" for n in range(300)]
+    systemctl = _active(tmp_path, names)
+    with (
+        Hal0Api() as api,
+        units.Restarter(_settings(tmp_path, systemctl, api, 1.5)) as restarter,
+    ):
+        for name in names:
+            restarter.submit(_request(name))
+        wait_until(lambda: len(api.requests) == 300, timeout=30, what="the first restarts")
+        started = time.monotonic()
+        for _ in range(2):
+            for name in names:
+                restarter.submit(_request(name))
+        pending = restarter.pending()
+        assert sorted(names) == sorted(pending)
+        assert all(0 < wait <= 1.5 for wait in pending.values()), pending
+        wait_until(lambda: len(api.requests) == 600, timeout=30, what="the second restarts")
+        waited = time.monotonic() - started
+        time.sleep(0.3)  # nothing more comes
+        assert {} == restarter.pending()
+    assert dict.fromkeys(names, 2) == dict(Counter(_restarted(api)))
+    assert waited > 0.5, "the deferred restarts did not wait their turn"
+
+
+def test_restarts_due_at_once_run_in_token_order_and_later_ones_in_due_order(
+    tmp_path: Path,
+) -> None:
+    """A request is due when asked (so fresh ones run in the order asked); requests due at
+    the same time (slots restarted in one batch, deferred together) run in token order;
+    deferred ones run in the order their turns come, whatever the order they were asked in."""
+    names = ["c-first", "b-second", "a-third"]
+    systemctl = _active(tmp_path, names)
+    with Hal0Api() as api:
+        restarter = units.Restarter(_settings(tmp_path, systemctl, api, 1.2))
+        for name in names:  # before the thread runs: one batch
+            restarter.submit(_request(name))
+        with restarter:
+            wait_until(lambda: len(api.requests) == 3, timeout=20, what="the batch")
+            assert names == _restarted(api)
+            for name in ["b-second", "c-first", "a-third"]:  # restarted together: due together
+                restarter.submit(_request(name))
+            wait_until(lambda: len(api.requests) == 6, timeout=20, what="the second batch")
+            assert sorted(names) == _restarted(api)[3:]
+    with (
+        Hal0Api() as api,
+        units.Restarter(_settings(tmp_path, systemctl, api, 1.2)) as restarter,
+    ):
+        for name in names:  # one at a time: their turns come in this order
+            restarter.submit(_request(name))
+            wait_until(lambda n=name: n in _restarted(api), timeout=20, what=name)
+            time.sleep(0.15)
+        for name in reversed(names):
+            restarter.submit(_request(name))
+        wait_until(lambda: len(api.requests) == 6, timeout=20, what="the deferred restarts")
+    assert names == _restarted(api)[3:]
+
+
+def test_a_waiting_restart_follows_its_due_time_when_the_interval_changes(
+    tmp_path: Path,
+) -> None:
+    """A reload that shortens restart_min_interval lets a waiting restart run at the new,
+    earlier time, once; its due time may move many times while it waits (here 40 reloads for
+    three slots, many more due times than slots) and the order of turns still holds."""
+    names = ["c-first", "b-second", "a-third"]
+    systemctl = _active(tmp_path, names)
+    with Hal0Api() as api:
+        settings = _settings(tmp_path, systemctl, api, 60)
+        with units.Restarter(settings) as restarter:
+            for name in names:
+                restarter.submit(_request(name))
+                wait_until(lambda n=name: n in _restarted(api), timeout=20, what=name)
+                time.sleep(0.15)
+            first_done = time.monotonic()
+            for name in reversed(names):
+                restarter.submit(_request(name))
+            for step in range(40):
+                restarter.update_settings(
+                    settings_mod.load(
+                        None,
+                        {
+                            **_overrides(tmp_path, systemctl, api),
+                            "restart_min_interval": 60 + step,
+                        },
+                    )
+                )
+                for name in reversed(names):
+                    restarter.submit(_request(name))
+            assert sorted(names) == sorted(restarter.pending())
+            soon = time.monotonic() - first_done + 0.8  # the first turn in 0.8 s
+            restarter.update_settings(
+                settings_mod.load(
+                    None, {**_overrides(tmp_path, systemctl, api), "restart_min_interval": soon}
+                )
+            )
+            for name in reversed(names):
+                restarter.submit(_request(name))
+            wait_until(lambda: len(api.requests) == 6, timeout=20, what="the restarts")
+            time.sleep(0.3)
+            assert {} == restarter.pending()
+    assert names == _restarted(api)[3:]
+
+
+def _overrides(tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api) -> dict[str, object]:
+    return {
+        "slots_dir": str(tmp_path / "slots"),
+        "state_dir": str(tmp_path / "state"),
+        "runtime_dir": str(tmp_path / "run"),
+        "systemctl": str(systemctl.path),
+        "api_url": api.url,
+        "api_env_file": str(tmp_path / "api.env"),
+        "api_timeout": 5,
+    }
+
+
+def test_a_deferred_restart_is_said_once_with_its_wait(tmp_path: Path) -> None:
+    """unit.restart_deferred is logged when a slot first has to wait (slot, unit, seconds to
+    wait), not again for more requests while it waits, and never for a restart due now."""
+    systemctl = _active(tmp_path, ["agent", "coder"])
+    with (
+        Hal0Api() as api,
+        units.Restarter(_settings(tmp_path, systemctl, api, 60)) as restarter,
+        capture_logs() as logs,
+    ):
+        restarter.submit(_request("agent"))
+        wait_until(lambda: len(api.requests) == 1, timeout=20, what="the restart")
+        restarter.submit(_request("agent"))
+        restarter.submit(_request("agent"))
+        restarter.submit(_request("coder"))
+        wait_until(lambda: len(api.requests) == 2, timeout=20, what="coder's restart")
+    deferred = [e for e in logs if e["event"] == "unit.restart_deferred"]
+    assert [("agent", units.unit_name("agent"), "info")] == [
+        (e["slot"], e["unit"], e["log_level"]) for e in deferred
+    ]
+    assert 55 < deferred[0]["due_in"] <= 60
+    assert "restart_min_interval" in deferred[0]["reason"]
+    assert ["agent", "coder"] == _restarted(api)
