@@ -1,0 +1,78 @@
+"""Odd answers from systemctl and from the configuration: fewer or more lines than units, no
+systemctl at all, an api_url no request can be made for. Real processes, real logs."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.host import units
+
+
+def _systemctl(tmp_path: Path, output: str) -> Path:
+    """A systemctl that prints ``output`` for any ``is-active`` question."""
+    path = tmp_path / "systemctl"
+    path.write_text(f"#!/bin/sh\nprintf '{output}'\nexit 3\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("active\\n", {"a": True, "b": False, "c": False}),
+        ("inactive\\nactive\\nactive\\nsome warning\\n", {"a": False, "b": True, "c": True}),
+    ],
+    ids=["fewer-lines", "more-lines"],
+)
+def test_units_systemctl_says_nothing_about_are_not_active(
+    tmp_path: Path, output: str, expected: dict[str, bool]
+) -> None:
+    """One line per unit, in order: a unit without a line is not active (as a single query's
+    empty answer is), and lines past the last unit are ignored."""
+    settings = settings_mod.load(None, {"systemctl": str(_systemctl(tmp_path, output))})
+    assert expected == units.active_states(settings, ["a", "b", "c"])
+
+
+def test_a_systemctl_that_cannot_run_is_said_once_with_the_units(tmp_path: Path) -> None:
+    """No systemctl: every state unknown, and one warning naming the first five units (and how
+    many more) and why."""
+    missing = tmp_path / "no-systemctl"
+    settings = settings_mod.load(None, {"systemctl": str(missing)})
+    tokens = [f"s{n}" for n in range(7)]
+    with capture_logs() as logs:
+        assert dict.fromkeys(tokens) == units.active_states(settings, tokens)
+    (event,) = [e for e in logs if e["event"] == "unit.state_unknown"]
+    shown = " ".join(units.unit_name(t) for t in tokens[:5])
+    assert (f"{shown} (+2 more)", "warning") == (event["units"], event["log_level"])
+    assert "no-systemctl" in event["error"]
+    assert "not found" in event["error"]
+    with capture_logs() as logs:
+        units.active_states(settings, tokens[:5])
+    (event,) = [e for e in logs if e["event"] == "unit.state_unknown"]
+    assert " ".join(units.unit_name(t) for t in tokens[:5]) == event["units"]
+
+
+def test_an_api_url_no_request_can_be_made_for_fails_the_restart_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """A configured api_url urllib cannot even build a request for: the restart fails (no
+    fallback here) and says the URL, never a crash."""
+    settings = settings_mod.load(
+        None,
+        {
+            "api_url": "http://[::1",
+            "api_env_file": str(tmp_path / "api.env"),
+            "restart_fallback": "none",
+        },
+    )
+    request = units.RestartRequest(name="agent", token="agent")
+    with capture_logs() as logs:
+        result = units.apply_change(settings, request, active=True)
+    assert units.RestartResult.FAILED == result
+    (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
+    assert "bad api_url 'http://[::1'" in event["error"]
