@@ -76,3 +76,48 @@ def test_an_api_url_no_request_can_be_made_for_fails_the_restart_with_the_reason
     assert units.RestartResult.FAILED == result
     (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
     assert "bad api_url 'http://[::1'" in event["error"]
+
+
+def test_a_unit_whose_state_is_unknown_is_left_alone(tmp_path: Path) -> None:
+    """systemctl could not say whether the unit runs: nothing is restarted or stopped."""
+    calls = tmp_path / "calls"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    systemctl.chmod(0o755)
+    settings = settings_mod.load(
+        None,
+        {
+            "systemctl": str(systemctl),
+            "api_url": "http://127.0.0.1:9",
+            "api_env_file": str(tmp_path / "api.env"),
+        },
+    )
+    request = units.RestartRequest(name="agent", token="agent")
+    assert units.RestartResult.UNKNOWN_STATE == units.apply_change(settings, request, active=None)
+    assert not calls.exists()
+
+
+def test_a_stop_that_fails_fails_the_restart_with_both_reasons(tmp_path: Path) -> None:
+    """The API cannot be reached and the fallback's `systemctl stop` fails too: the restart
+    failed, and the error says why the API and why the stop did not work."""
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text("#!/bin/sh\necho 'Failed to stop unit: Access denied' >&2\nexit 1\n")
+    systemctl.chmod(0o755)
+    settings = settings_mod.load(
+        None,
+        {
+            "systemctl": str(systemctl),
+            "api_url": "http://127.0.0.1:9",
+            "api_env_file": str(tmp_path / "api.env"),
+            "api_timeout": 2,
+        },
+    )
+    request = units.RestartRequest(name="agent", token="agent")
+    with capture_logs() as logs:
+        result = units.apply_change(settings, request, active=True)
+    assert units.RestartResult.FAILED == result
+    (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
+    assert ("error", "agent") == (event["log_level"], event["slot"])
+    assert "unreachable" in event["error"]
+    assert "Access denied" in event["stop_error"]
+    assert not [e for e in logs if e["event"] == "unit.stopped_needs_reload"]
