@@ -4,6 +4,10 @@ systemctl at all, an api_url no request can be made for. Real processes, real lo
 from __future__ import annotations
 
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,70 @@ def test_a_stop_that_fails_fails_the_restart_with_both_reasons(tmp_path: Path) -
     assert "unreachable" in event["error"]
     assert "Access denied" in event["stop_error"]
     assert not [e for e in logs if e["event"] == "unit.stopped_needs_reload"]
+
+
+def test_an_inactive_unit_is_skipped_and_said_at_debug_level(tmp_path: Path) -> None:
+    settings = settings_mod.load(None, {"api_env_file": str(tmp_path / "api.env")})
+    request = units.RestartRequest(name="agent", token="agent")
+    with capture_logs() as logs:
+        assert units.RestartResult.INACTIVE == units.apply_change(settings, request, active=False)
+    assert [("unit.restart_skipped_inactive", "debug", "agent", units.unit_name("agent"))] == [
+        (e["event"], e["log_level"], e["slot"], e["unit"]) for e in logs
+    ]
+
+
+@contextmanager
+def _answering(status: int, body: bytes) -> Iterator[str]:
+    """An HTTP server answering every POST with ``status`` and ``body``; yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b'{"error": {"code": "slot.busy", "message": "loading"}}', ": slot.busy: loading"),
+        (b'{"detail": "no such slot"}', ": no such slot"),
+        (b"{not json", ""),
+        (b"plain words", ": plain words"),
+    ],
+    ids=["hal0-envelope", "detail", "broken-json", "text"],
+)
+def test_an_api_refusal_is_said_with_what_its_body_says(
+    tmp_path: Path, body: bytes, says: str
+) -> None:
+    """The API's refusal, with hal0's error envelope, a detail or the text it answered; a body
+    that looks like JSON but is not adds nothing."""
+    with _answering(409, body) as url:
+        settings = settings_mod.load(
+            None,
+            {
+                "api_url": url,
+                "api_env_file": str(tmp_path / "api.env"),
+                "restart_fallback": "none",
+            },
+        )
+        request = units.RestartRequest(name="agent", token="agent")
+        with capture_logs() as logs:
+            assert units.RestartResult.FAILED == units.apply_change(settings, request, active=True)
+    (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
+    assert f"hal0 API answered 409 for {url}/api/slots/agent/restart{says}" == event["error"]
