@@ -460,3 +460,16 @@ def test_a_foreign_cache_is_rewritten_even_with_nothing_to_store(
     _check(world.settings())
     doc = json.loads(path.read_text())
     assert (needscache.CACHE_VERSION, {}) == (doc["version"], doc["entries"])
+
+
+def test_a_merged_table_variable_naming_only_missing_files_is_checked(
+    world: Tree, tmp_path: Path
+) -> None:
+    """A variable naming several files, none of which exists: nothing is read or merged for
+    it, the plan says so, and a new process says the same."""
+    settings = world.settings(env={VAR: f"{tmp_path}/gone-1.csv:{tmp_path}/gone-2.csv"})
+    _check(settings)
+    _settle()
+    mon, report = _check(settings)
+    assert any("gone-1.csv" in p for p in report.plans[0].problems)
+    assert (0, _view(_cold(settings, tmp_path))) == (mon.surveyor.table_reads, _view(report))

@@ -77,12 +77,14 @@ class Sources:
     def derive(
         self,
         reads: list[Read],
+        groups: int,
         choice: target.TargetChoice,
         context: tuple[object, ...],
         routing_key: str,
     ) -> Derivation:
-        """The plan's sources, each merge's losers and the needs per module: from the derived
-        cache when every input is as it was, else from the tables (stored when all settled)."""
+        """The plan's sources, the losers of each of the ``groups`` merges (a group may have no
+        read: its files are all missing) and the needs per module: from the derived cache when
+        every input is as it was, else from the tables (stored when all settled)."""
         targets = choice.targets
         stats: list[os.stat_result | OSError] = []
         for r in reads:
@@ -101,13 +103,13 @@ class Sources:
         key = ""
         if cacheable:
             h = hashlib.sha256(
-                repr((needscache.CACHE_VERSION, __version__, routing_key, context)).encode()
+                repr((needscache.CACHE_VERSION, __version__, routing_key, context, groups)).encode()
             )
             for r, k in zip(reads, keys, strict=True):
                 h.update(repr((k, r.part.value, r.group, str(r.file.origin))).encode())
             key = h.hexdigest()
             known = self.needs_cache.get(key, paths)
-            if known is not None:
+            if known is not None and len(known.merges) == groups:
                 return self._rebuilt(known, reads, keys, targets)
         done = [self._table(r, st, k, targets) for r, st, k in zip(reads, stats, keys, strict=True)]
         chosen = [
@@ -123,7 +125,7 @@ class Sources:
         sources = [done[i][0] for i in chosen]
         merges: list[Merged] = []
         losers: dict[PurePath, frozenset[int]] = {}
-        for group in range(1 + max((r.group for r in reads), default=-1)):
+        for group in range(groups):
             files = [
                 (src.file.path, src.table)
                 for r, (src, _) in zip(reads, done, strict=True)

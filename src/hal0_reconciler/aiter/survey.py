@@ -201,7 +201,7 @@ class Surveyor:
                 found.version,
             )
             found_sources, merges, needs = self.sources.derive(
-                reads, choice, context, self._routing_key
+                reads, len(merged), choice, context, self._routing_key
             )
             for res, (lost, in_dups) in zip(merged, merges, strict=True):
                 problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
