@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -138,12 +139,14 @@ def test_an_inactive_unit_is_skipped_and_said_at_debug_level(tmp_path: Path) -> 
 
 
 @contextmanager
-def _answering(status: int, body: bytes) -> Iterator[str]:
-    """An HTTP server answering every POST with ``status`` and ``body``; yields its URL."""
+def _answering(status: int, body: bytes, *, after: float = 0.0) -> Iterator[str]:
+    """An HTTP server answering every POST with ``status`` and ``body`` (``after`` seconds
+    late); yields its URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(after)
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -192,3 +195,22 @@ def test_an_api_refusal_is_said_with_what_its_body_says(
             assert units.RestartResult.FAILED == units.apply_change(settings, request, active=True)
     (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
     assert f"hal0 API answered 409 for {url}/api/slots/agent/restart{says}" == event["error"]
+
+
+def test_an_api_that_takes_the_request_but_does_not_answer_is_said_unconfirmed(
+    tmp_path: Path,
+) -> None:
+    """No answer within api_timeout: the restart may or may not happen, so nothing is stopped
+    and a warning says it is unconfirmed."""
+    with _answering(200, b"{}", after=1.5) as url:
+        settings = settings_mod.load(
+            None, {"api_url": url, "api_env_file": str(tmp_path / "e"), "api_timeout": 0.5}
+        )
+        request = units.RestartRequest(name="agent", token="agent")
+        with capture_logs() as logs:
+            result = units.apply_change(settings, request, active=True)
+    assert units.RestartResult.NO_ANSWER == result
+    assert [("unit.restart_unconfirmed", "warning", "agent")] == [
+        (e["event"], e["log_level"], e["slot"]) for e in logs
+    ]
+    assert "0.5" in logs[0]["error"]
