@@ -176,6 +176,8 @@ def test_a_deferred_restart_is_said_once_with_its_wait(tmp_path: Path) -> None:
         restarter.submit(_request("agent"))
         wait_until(lambda: len(api.requests) == 1, timeout=20, what="the restart")
         restarter.submit(_request("agent"))
+        said = [e["event"] for e in logs].count("unit.restart_deferred")
+        assert 1 == said, "the first request that must wait was not said"
         restarter.submit(_request("agent"))
         restarter.submit(_request("coder"))
         wait_until(lambda: len(api.requests) == 2, timeout=20, what="coder's restart")
@@ -186,3 +188,22 @@ def test_a_deferred_restart_is_said_once_with_its_wait(tmp_path: Path) -> None:
     assert 55 < deferred[0]["due_in"] <= 60
     assert "restart_min_interval" in deferred[0]["reason"]
     assert ["agent", "coder"] == _restarted(api)
+
+
+def test_a_restarter_left_running_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """A process that ends without stopping its restarter (a crash path) still ends: the
+    restarter's thread never holds it."""
+    import subprocess
+    import sys
+
+    code = (
+        "from hal0_reconciler import settings\n"
+        "from hal0_reconciler.host import units\n"
+        "r = units.Restarter(settings.load(None, {}))\n"
+        "r.start()\n"
+        "print('started', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=15, check=False
+    )
+    assert (0, "started\n") == (done.returncode, done.stdout), done.stderr

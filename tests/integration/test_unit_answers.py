@@ -139,14 +139,17 @@ def test_an_inactive_unit_is_skipped_and_said_at_debug_level(tmp_path: Path) -> 
 
 
 @contextmanager
-def _answering(status: int, body: bytes, *, after: float = 0.0) -> Iterator[str]:
+def _answering(status: int | None, body: bytes, *, after: float = 0.0) -> Iterator[str]:
     """An HTTP server answering every POST with ``status`` and ``body`` (``after`` seconds
-    late); yields its URL."""
+    late; ``status`` None: hanging up without an answer); yields its URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             time.sleep(after)
+            if status is None:
+                self.close_connection = True
+                return
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -214,3 +217,31 @@ def test_an_api_that_takes_the_request_but_does_not_answer_is_said_unconfirmed(
         (e["event"], e["log_level"], e["slot"]) for e in logs
     ]
     assert "0.5" in logs[0]["error"]
+
+
+def test_an_api_that_hangs_up_fails_the_restart_with_the_reason(tmp_path: Path) -> None:
+    """The API closes the connection without an answer: not a restart, a failure that says
+    the call failed."""
+    with _answering(None, b"") as url:
+        settings = settings_mod.load(
+            None, {"api_url": url, "api_env_file": str(tmp_path / "e"), "restart_fallback": "none"}
+        )
+        request = units.RestartRequest(name="agent", token="agent")
+        with capture_logs() as logs:
+            result = units.apply_change(settings, request, active=True)
+    assert units.RestartResult.FAILED == result
+    (event,) = [e for e in logs if e["event"] == "unit.restart_failed"]
+    assert event["error"].startswith(f"hal0 API call failed at {url}/api/slots/agent/restart: ")
+
+
+def test_an_accepted_restart_is_said_with_the_way_it_went(tmp_path: Path) -> None:
+    with _answering(200, b'{"status": "ok"}') as url:
+        settings = settings_mod.load(None, {"api_url": url, "api_env_file": str(tmp_path / "e")})
+        request = units.RestartRequest(name="agent", token="agent")
+        with capture_logs() as logs:
+            assert units.RestartResult.RESTARTED == units.apply_change(
+                settings, request, active=True
+            )
+    assert [("unit.restarted", "info", "agent", units.unit_name("agent"), "hal0-api")] == [
+        (e["event"], e["log_level"], e["slot"], e["unit"], e["via"]) for e in logs
+    ]
