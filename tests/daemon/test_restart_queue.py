@@ -186,6 +186,7 @@ def test_a_deferred_restart_is_said_once_with_its_wait(tmp_path: Path) -> None:
         (e["slot"], e["unit"], e["log_level"]) for e in deferred
     ]
     assert 55 < deferred[0]["due_in"] <= 60
+    assert round(deferred[0]["due_in"], 1) == deferred[0]["due_in"], "said to a tenth of a second"
     assert "restart_min_interval" in deferred[0]["reason"]
     assert ["agent", "coder"] == _restarted(api)
 
@@ -207,3 +208,34 @@ def test_a_restarter_left_running_does_not_keep_the_process_alive(tmp_path: Path
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=15, check=False
     )
     assert (0, "started\n") == (done.returncode, done.stdout), done.stderr
+
+
+def test_a_due_time_moved_many_times_leaves_a_bounded_queue(tmp_path: Path) -> None:
+    """Slots whose turns move on every reload (here 1,000 times) keep a bounded queue, not one
+    entry per move: stale entries are dropped once they outnumber the live ones, and the queue
+    stays ordered by due time (its heap order holds)."""
+    names = ["c-first", "b-second", "a-third"]
+    systemctl = _active(tmp_path, names)
+    with Hal0Api() as api:
+        restarter = units.Restarter(_settings(tmp_path, systemctl, api, 60))
+        now = time.monotonic()
+        for n, name in enumerate(names):  # restarted one after another: c's turn comes first
+            restarter._last[name] = now + n
+        for step in range(1000):
+            restarter.update_settings(
+                settings_mod.load(
+                    None,
+                    {**_overrides(tmp_path, systemctl, api), "restart_min_interval": 60 + step},
+                )
+            )
+            for name in reversed(names):  # asked latest turn first
+                restarter.submit(_request(name))
+        assert sorted(names) == sorted(restarter.pending())
+        dues = restarter._dues
+        assert len(dues) <= 2 * len(names) + 64 + 1
+        assert all(
+            dues[i] <= dues[child]
+            for i in range(len(dues))
+            for child in (2 * i + 1, 2 * i + 2)
+            if child < len(dues)
+        ), "the queue lost its order"
