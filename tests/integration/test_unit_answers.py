@@ -176,14 +176,16 @@ def _answering(status: int | None, body: bytes, *, after: float = 0.0) -> Iterat
         (b'{"detail": "no such slot"}', ": no such slot"),
         (b"{not json", ""),
         (b"plain words", ": plain words"),
+        (b'{"detail": "' + b"x" * 2035 + b'"}', ""),  # 2,049 bytes: only 2 KiB are read
     ],
-    ids=["hal0-envelope", "detail", "broken-json", "text"],
+    ids=["hal0-envelope", "detail", "broken-json", "text", "json-past-2kib"],
 )
 def test_an_api_refusal_is_said_with_what_its_body_says(
     tmp_path: Path, body: bytes, says: str
 ) -> None:
     """The API's refusal, with hal0's error envelope, a detail or the text it answered; a body
-    that looks like JSON but is not adds nothing."""
+    that looks like JSON but is not (or not within its first 2 KiB, all that is read) adds
+    nothing."""
     with _answering(409, body) as url:
         settings = settings_mod.load(
             None,
