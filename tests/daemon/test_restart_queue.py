@@ -239,3 +239,40 @@ def test_a_due_time_moved_many_times_leaves_a_bounded_queue(tmp_path: Path) -> N
             for child in (2 * i + 1, 2 * i + 2)
             if child < len(dues)
         ), "the queue lost its order"
+
+
+def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
+    tmp_path: Path,
+) -> None:
+    """Not running before start (stopping it then is harmless), running after, and joined by
+    the time stop returns; idle it has been busy for 0 s, during a slow restart for as long as
+    that restart took so far; a request due now waits 0 s."""
+    systemctl = _active(tmp_path, ["agent"])
+    with Hal0Api() as api:
+        never_started = units.Restarter(_settings(tmp_path, systemctl, api, 60))
+        never_started.stop()
+        assert not never_started.is_alive()
+    slow = tmp_path / "slow"
+    slow.write_text(f'#!/bin/sh\nsleep 1.5\nexec {systemctl.path} "$@"\n')
+    slow.chmod(0o755)
+    with Hal0Api() as api:
+        settings = settings_mod.load(
+            None, {**_overrides(tmp_path, systemctl, api), "systemctl": str(slow)}
+        )
+        restarter = units.Restarter(settings)
+        restarter.submit(_request("agent"))
+        assert ({"agent": 0.0}, 0.0, False) == (
+            restarter.pending(),
+            restarter.busy_for(),
+            restarter.is_alive(),
+        )
+        restarter.start()
+        try:
+            assert restarter.is_alive()
+            time.sleep(0.8)  # the state query takes 1.5 s
+            assert 0.5 < restarter.busy_for() < 1.5
+            wait_until(lambda: api.requests, timeout=20, what="the restart")
+            wait_until(lambda: restarter.busy_for() == 0.0, timeout=20, what="idle again")
+        finally:
+            restarter.stop()
+        assert not restarter.is_alive(), "stop returned before the thread ended"
