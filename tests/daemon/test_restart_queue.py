@@ -276,3 +276,30 @@ def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
         finally:
             restarter.stop()
         assert not restarter.is_alive(), "stop returned before the thread ended"
+
+
+def test_restart_times_older_than_the_interval_are_forgotten_and_recent_ones_kept(
+    tmp_path: Path,
+) -> None:
+    """Once a second the restarter forgets restarts older than restart_min_interval (its
+    memory stays bounded by the slots restarted lately), never a recent one: a slot restarted
+    moments ago still waits its turn after that cleanup."""
+    old = [f"old{n}" for n in range(20)]
+    systemctl = _active(tmp_path, [*old, "x", "agent"])
+    with Hal0Api() as api:
+        with units.Restarter(_settings(tmp_path, systemctl, api, 0.3)) as restarter:
+            for name in old:
+                restarter.submit(_request(name))
+            wait_until(lambda: len(api.requests) == 20, timeout=20, what="the old restarts")
+            time.sleep(1.2)  # over the interval, and over a second since the last cleanup
+            restarter.submit(_request("x"))
+            wait_until(lambda: len(api.requests) == 21, timeout=20, what="x's restart")
+            assert ["x"] == list(restarter._last)
+        with units.Restarter(_settings(tmp_path, systemctl, api, 60)) as restarter:
+            restarter.submit(_request("agent"))
+            wait_until(lambda: len(api.requests) == 22, timeout=20, what="agent's restart")
+            time.sleep(1.2)
+            restarter.submit(_request("x"))  # a wake-up, a second after the last cleanup
+            wait_until(lambda: len(api.requests) == 23, timeout=20, what="x's restart")
+            restarter.submit(_request("agent"))
+            assert 55 < restarter.pending().get("agent", 0) <= 60, restarter.pending()
