@@ -303,3 +303,90 @@ def test_restart_times_older_than_the_interval_are_forgotten_and_recent_ones_kep
             wait_until(lambda: len(api.requests) == 23, timeout=20, what="x's restart")
             restarter.submit(_request("agent"))
             assert 55 < restarter.pending().get("agent", 0) <= 60, restarter.pending()
+
+
+def _interval(
+    restarter: units.Restarter, tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api, s: float
+) -> None:
+    """A reload that sets restart_min_interval to ``s``."""
+    overrides = {**_overrides(tmp_path, systemctl, api), "restart_min_interval": s}
+    restarter.update_settings(settings_mod.load(None, overrides))
+
+
+def test_a_turn_moved_later_is_not_taken_at_its_old_time(tmp_path: Path) -> None:
+    """A waiting restart whose turn a reload moved later runs at the later time, not at the
+    earlier one it had first."""
+    systemctl = _active(tmp_path, ["agent"])
+    with Hal0Api() as api, units.Restarter(_settings(tmp_path, systemctl, api, 60)) as r:
+        r.submit(_request("agent"))
+        wait_until(lambda: len(api.requests) == 1, timeout=20, what="the restart")
+        restarted = r._last["agent"]  # when its turn was taken
+        _interval(r, tmp_path, systemctl, api, 0.5)
+        r.submit(_request("agent"))  # its turn: half a second after the restart
+        _interval(r, tmp_path, systemctl, api, 2.5)
+        r.submit(_request("agent"))  # moved: 2.5 s after the restart
+        time.sleep(max(0.0, restarted + 1.5 - time.monotonic()))
+        assert 1 == len(api.requests), "taken at its old turn"
+        wait_until(lambda: len(api.requests) == 2, timeout=20, what="the later turn")
+        assert time.monotonic() - restarted >= 2.5
+
+
+def test_a_turn_that_found_the_slot_inactive_keeps_the_restart_before_it(tmp_path: Path) -> None:
+    """A slot restarted, then taken again (a short interval) while inactive: nothing was done,
+    so its last restart is still the first one, and with the interval back at 60 s the next
+    request waits for that."""
+    systemctl = _active(tmp_path, ["agent"])
+    with Hal0Api() as api, units.Restarter(_settings(tmp_path, systemctl, api, 60)) as r:
+        r.submit(_request("agent"))
+        wait_until(lambda: len(api.requests) == 1, timeout=20, what="the restart")
+        systemctl.set_states({})  # inactive now
+        _interval(r, tmp_path, systemctl, api, 0.3)
+        r.submit(_request("agent"))
+        wait_until(
+            lambda: r.results[units.RestartResult.INACTIVE] == 1, timeout=20, what="the skip"
+        )
+        systemctl.set_states({units.unit_name("agent"): "active"})
+        _interval(r, tmp_path, systemctl, api, 60)
+        r.submit(_request("agent"))
+        assert 55 < r.pending().get("agent", 0) <= 60, r.pending()
+    assert 1 == len(api.requests)
+
+
+def test_a_turn_moved_later_while_the_restarter_is_busy_is_not_taken_early(
+    tmp_path: Path,
+) -> None:
+    """The restarter is busy with another slot while a waiting slot's turn moves later (two
+    reloads), and its first turn passes meanwhile: it still runs at its later turn."""
+    systemctl = _active(tmp_path, ["agent", "other"])
+    slow = tmp_path / "slow"
+    slow.write_text(f'#!/bin/sh\nsleep 1\nexec {systemctl.path} "$@"\n')
+    slow.chmod(0o755)
+    with Hal0Api() as api:
+        settings = settings_mod.load(
+            None, {**_overrides(tmp_path, systemctl, api), "systemctl": str(slow)}
+        )
+        with units.Restarter(settings) as r:
+            r.submit(_request("agent"))
+            wait_until(lambda: len(api.requests) == 1, timeout=20, what="agent's restart")
+            restarted = r._last["agent"]  # when its turn was taken
+            r.submit(_request("other"))  # busy for a second from now
+            time.sleep(0.1)
+            start = time.monotonic()
+            for later in (0.3, 3.0):
+                wanted = start - restarted + later
+                r.update_settings(
+                    settings_mod.load(
+                        None,
+                        {
+                            **_overrides(tmp_path, systemctl, api),
+                            "systemctl": str(slow),
+                            "restart_min_interval": wanted,
+                        },
+                    )
+                )
+                r.submit(_request("agent"))
+            wait_until(lambda: len(api.requests) == 2, timeout=20, what="other's restart")
+            time.sleep(max(0.0, start + 1.9 - time.monotonic()))
+            assert ["agent", "other"] == _restarted(api), "agent taken at its old turn"
+            wait_until(lambda: len(api.requests) == 3, timeout=20, what="agent's later turn")
+    assert ["agent", "other", "agent"] == _restarted(api)
