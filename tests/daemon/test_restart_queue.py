@@ -385,8 +385,6 @@ def test_a_turn_moved_later_while_the_restarter_is_busy_is_not_taken_early(
                     )
                 )
                 r.submit(_request("agent"))
-            wait_until(lambda: len(api.requests) == 2, timeout=20, what="other's restart")
-            time.sleep(max(0.0, start + 1.9 - time.monotonic()))
-            assert ["agent", "other"] == _restarted(api), "agent taken at its old turn"
             wait_until(lambda: len(api.requests) == 3, timeout=20, what="agent's later turn")
+            assert time.monotonic() - start >= 3.0, "agent taken at its old turn"
     assert ["agent", "other", "agent"] == _restarted(api)
