@@ -149,6 +149,7 @@ def test_a_waiting_restart_follows_its_due_time_when_the_interval_changes(
             wait_until(lambda: len(api.requests) == 6, timeout=20, what="the restarts")
             time.sleep(0.3)
             assert {} == restarter.pending()
+            assert restarter.is_alive(), "the stale turns left behind broke the restarter"
     assert names == _restarted(api)[3:]
 
 
