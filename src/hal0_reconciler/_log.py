@@ -23,11 +23,16 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 from hal0_reconciler import console
 from hal0_reconciler.settings import LogFormat
+
+# Every line this process logs (structlog's and stdlib's, from any thread) is written whole under
+# this one lock: two sinks with locks of their own could put two events on one line.
+WRITE_LOCK = threading.RLock()
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
 # sd-daemon(3) priorities by structlog method / level name
@@ -119,7 +124,11 @@ def native_fields(line: str, event_dict: MutableMapping[str, Any]) -> dict[str, 
 
 
 class JournalLogger:
-    """The final sink under systemd: native journal when available, else one stderr line."""
+    """The final sink: the native journal when given ``send``, else one whole line on stderr.
+
+    Every format ends here (console and JSON with no ``send``): the line and its newline are one
+    write under ``WRITE_LOCK``, shared with the stdlib handler, so lines never interleave.
+    """
 
     def __init__(self, file: TextIO | None = None, send: Callable[..., Any] | None = None) -> None:
         self._file = file
@@ -134,8 +143,9 @@ class JournalLogger:
             else:
                 return
         out = self._file or sys.stderr
-        out.write(line + "\n")
-        out.flush()
+        with WRITE_LOCK:
+            out.write(line + "\n")
+            out.flush()
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
@@ -180,12 +190,15 @@ def get_logger(*args: Any) -> Any:
     return _LazyLogger(*args)
 
 
+_IMPORTING = threading.Lock()
 _pending: tuple[LogFormat, str] | None = None  # configured, not yet applied to structlog
 
 
 def _structlog() -> Any:
     """structlog, with the configuration given to ``configure`` applied on first import."""
     global _pending  # noqa: PLW0603 - one process-wide logging setup
+    if "structlog" not in sys.modules:
+        _import_structlog(console=_pending is not None and _pending[0] is LogFormat.CONSOLE)
     import structlog  # noqa: PLC0415 - on first use: asyncio and friends cost ~50 ms
 
     if _pending is not None:
@@ -193,6 +206,23 @@ def _structlog() -> Any:
         _pending = None
         _apply(fmt, level)
     return structlog
+
+
+def _import_structlog(*, console: bool) -> None:
+    """Import structlog; without ``rich`` unless the log is for a person at a terminal.
+
+    structlog loads rich (when installed) for its console renderer's tracebacks; the journal
+    and JSON formats never use it, and it is the larger half of structlog's import. A reload
+    that switches to ``console`` keeps structlog's plain traceback formatter."""
+    with _IMPORTING:  # two threads logging their first events: one does this
+        if console or "rich" in sys.modules or "structlog" in sys.modules:
+            importlib.import_module("structlog")
+            return
+        sys.modules["rich"] = None  # type: ignore[assignment]  # the import system: "not there"
+        try:
+            importlib.import_module("structlog")
+        finally:
+            sys.modules.pop("rich", None)
 
 
 def configure(fmt: LogFormat, level: str) -> LogFormat:
@@ -230,7 +260,6 @@ def _apply(resolved: LogFormat, level: str) -> None:
         structlog.stdlib.add_log_level,
         drop_none,
     ]
-    logger_factory: Callable[..., Any]
     processors: list[Processor]
     handler = _OurHandler(sys.stderr)
     if resolved is LogFormat.JOURNAL:
@@ -241,7 +270,6 @@ def _apply(resolved: LogFormat, level: str) -> None:
             _journal_renderer(native=send is not None),
         ]
         sink = JournalLogger(send=send)
-        logger_factory = lambda *_args: sink  # noqa: E731 - one shared sink
         handler.setFormatter(_StdlibJournalFormatter("%(name)s: %(message)s"))
     elif resolved is LogFormat.CONSOLE:
         processors = [
@@ -249,7 +277,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
-        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        sink = JournalLogger()
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
     else:
         processors = [
@@ -258,12 +286,12 @@ def _apply(resolved: LogFormat, level: str) -> None:
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ]
-        logger_factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        sink = JournalLogger()
         handler.setFormatter(_StdlibJsonFormatter())
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=logger_factory,
+        logger_factory=lambda *_args: sink,
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()

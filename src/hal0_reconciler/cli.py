@@ -14,7 +14,6 @@ import dataclasses
 import os
 import signal
 import sys
-import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -139,10 +138,32 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the one error prefix, and exit 1 for a usage error: argparse's own 2
     would read as "changes pending" to a script running `plan`."""
 
+    _verb_help: tuple[str, set[str]] | None = None
+    """(verb path, the common options' dests): its exit codes and short usage line, made when
+    first shown (``_finish``): a command that runs needs neither."""
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         console.error(f"{message} (see {self.prog} --help)")
         raise SystemExit(EXIT_ERROR)
+
+    def format_usage(self) -> str:
+        self._complete_help()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._complete_help()
+        return super().format_help()
+
+    def _complete_help(self) -> None:
+        if self._verb_help is None:
+            return
+        full, common = self._verb_help
+        self._verb_help = None
+        if self.epilog is None:
+            self.epilog = _epilog(full)
+            self.formatter_class = argparse.RawDescriptionHelpFormatter
+        self.usage = _short_usage(self, common)
 
 
 def _path_arg(text: str) -> Path:
@@ -153,6 +174,8 @@ def _path_arg(text: str) -> Path:
 
 
 def _epilog(verb: str) -> str:
+    import textwrap  # only for --help
+
     lines: list[str] = []
     if verb in _EXAMPLES:
         lines.append("examples:")
@@ -215,7 +238,10 @@ def _common_options() -> _Parser:
     return common
 
 
-def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
+def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line (``--help``, the shell completions), or with ``only`` just that
+    verb's parser under the same top level: what the command line needs when it starts with
+    the verb (the others' options and help are not built; nor is the aiter engine loaded)."""
     common = _common_options()
 
     parser = _Parser(
@@ -224,7 +250,9 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         epilog="Run 'hal0-reconciler VERB --help' for a verb's options and exit codes.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
+    verbs = parser.add_subparsers(
+        dest="verb", required=True, metavar="VERB", parser_class=_Parser, prog=parser.prog
+    )  # prog: what argparse would format from the usage (no positional comes before VERB)
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = verbs.add_parser(
@@ -235,6 +263,17 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         )  # the epilog (exit codes) and the short usage line come from _finish
         return sub
 
+    for name, add in _VERBS.items():
+        if only is None or only == name:
+            add(verb, verbs, common)
+    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
+    return parser
+
+
+_Verb = Callable[[str, str], argparse.ArgumentParser]
+
+
+def _add_once(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     once = verb("once", "one reconcile pass over every slot, then exit")
     once.add_argument(
         "--no-restart",
@@ -242,6 +281,9 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         help="do not restart active slots whose label changed (they keep serving on the old lane)",
     )
     once.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+
+
+def _add_plan(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     plan = verb("plan", "dry run: per slot, what would change and why")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     amd = plan.add_mutually_exclusive_group()
@@ -264,31 +306,51 @@ def build_parser(*, with_aiter: bool = True) -> argparse.ArgumentParser:
         choices=["usable", "unusable"],
         help="take this ROCm-lane verdict instead of probing",
     )
+
+
+def _add_probe(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     probe = verb("probe", "print the host facts and the ROCm-lane verdict for the service user")
     probe.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_run(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     verb("run", "the daemon (systemd Type=notify; SIGHUP re-reads the settings)")
+
+
+def _add_status(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     status = verb("status", "report on the running daemon from its status file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_reload(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     reload = verb("reload", "reload the daemon's settings and wait until they are live")
     reload.add_argument("--pid", type=int, help="the daemon's pid (default: from its status file)")
     reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default 60)")
-    if with_aiter:
-        from hal0_reconciler.aiter import cli as aiter_cli
-
-        aiter_cli.add_parser(verbs, parents=[common])
-    else:  # the aiter verbs load their whole engine: only when the command line may be one
-        verbs.add_parser("aiter", help="aiter compiled-registry self-heal (plan|heal|...)")
-    _finish(parser, common={a.dest for a in common._actions})  # noqa: SLF001
-    return parser
 
 
-_LIGHT_VERBS = frozenset({"once", "plan", "probe", "run", "status", "reload"})
+def _add_aiter(_verb: _Verb, verbs: Any, common: argparse.ArgumentParser) -> None:
+    from hal0_reconciler.aiter import cli as aiter_cli
+
+    aiter_cli.add_parser(verbs, parents=[common])
 
 
-def _needs_aiter(argv: Sequence[str]) -> bool:
-    """Whether the command line may be an ``aiter`` one (or asks for the full help)."""
-    first = next((a for a in argv if not a.startswith("-")), None)
-    return first not in _LIGHT_VERBS
+# Every verb, in the order of the help; each adds its own parser (see build_parser's ``only``).
+_VERBS: dict[str, Callable[[_Verb, Any, argparse.ArgumentParser], None]] = {
+    "once": _add_once,
+    "plan": _add_plan,
+    "probe": _add_probe,
+    "run": _add_run,
+    "status": _add_status,
+    "reload": _add_reload,
+    "aiter": _add_aiter,
+}
+
+
+def _verb_of(argv: Sequence[str]) -> str | None:
+    """The verb when the command line starts with one (then only its parser is built); None
+    for anything else (no verb, a top-level option first, a mistyped verb): the whole parser
+    gives the top-level help, usage and errors exactly."""
+    return argv[0] if argv and argv[0] in _VERBS else None
 
 
 def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
@@ -303,8 +365,9 @@ def _short_usage(parser: argparse.ArgumentParser, common: set[str]) -> str:
 
 
 def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]) -> None:
-    """Walk the verb tree: exit codes in every verb's epilog (the aiter verbs register their
-    own parsers; subparsers inherit ``_Parser``, so one error prefix) and completion hints."""
+    """Walk the verb tree: exit codes in every verb's epilog and its short usage, when shown
+    (the aiter verbs register their own parsers; subparsers inherit ``_Parser``, so one error
+    prefix), and completion hints."""
     for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
         if action.dest in _DIR_DESTS:
             setattr(action, "complete", _COMPLETE_DIR)  # noqa: B010 - shtab reads this attribute
@@ -313,17 +376,14 @@ def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             for name, sub in action.choices.items():
                 full = f"{path} {name}".strip()
-                if sub.epilog is None and full in _EXITS:
-                    sub.epilog = _epilog(full)
-                    sub.formatter_class = argparse.RawDescriptionHelpFormatter
-                if full in _EXITS:
-                    sub.usage = _short_usage(sub, common)
+                if full in _EXITS and isinstance(sub, _Parser):
+                    sub._verb_help = (full, common)  # noqa: SLF001 - our own class
                 _finish(sub, full, common=common)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(with_aiter=_needs_aiter(argv))
+    parser = build_parser(only=_verb_of(argv))
     args = parser.parse_args(argv)
     if args.no_color:
         console.refuse_colour()
@@ -367,9 +427,10 @@ def _dispatch(
     if verb == "probe":
         return _probe(current, as_json=args.json)
     if verb == "run":
+        early = host_facts.EarlyGather(current)  # the probe runs while the daemon loads
         from hal0_reconciler.daemon import runner
 
-        return runner.run(current, config_path=args.config, overrides=overrides)
+        return runner.run(current, config_path=args.config, overrides=overrides, gather=early)
     if verb == "status":
         from hal0_reconciler.daemon import status
 

@@ -83,6 +83,8 @@ class FailureKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class NodeFailure:
+    """A device node the service user could not open, and why."""
+
     path: str
     kind: FailureKind
     errno: int | None

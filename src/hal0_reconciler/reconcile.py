@@ -21,13 +21,13 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import errors, fsio
+from hal0_reconciler import __version__, errors, fsio
 from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.host import hal0
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import document, edit, image, limits, policy, runtime, seen, store
+from hal0_reconciler.slots import document, image, limits, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
 
 _log = get_logger("hal0_reconciler.reconcile")
@@ -47,6 +47,8 @@ class OutcomeStatus(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
+    """What a pass did with one slot file."""
+
     key: SlotKey
     path: Path
     name: str | None
@@ -81,6 +83,8 @@ def _write_failed(
 
 @dataclass(frozen=True)
 class PassReport:
+    """Every file's outcome of one pass, and how long it took."""
+
     outcomes: tuple[Outcome, ...]
     duration: float
 
@@ -119,6 +123,8 @@ def _dry_write(
     whole file (comments and layout lost); WRITE_FAILED when the edit would be refused."""
     if new is None:
         return OutcomeStatus.PENDING, None
+    from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
+
     try:
         result = edit.set_device(
             slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
@@ -126,6 +132,14 @@ def _dry_write(
     except Exception as exc:  # refused, or anything the editor raised: as the write would
         return OutcomeStatus.WRITE_FAILED, errors.describe(exc)
     return OutcomeStatus.PENDING, None if result.byte_minimal else result.note
+
+
+def _seen_scope(settings: Settings) -> str:
+    """What a saved memory of slot files is valid for: this version, folder and limits."""
+    folder = (
+        settings.slots_dir if settings.slots_dir.is_absolute() else settings.slots_dir.absolute()
+    )
+    return f"{__version__} {limits.Limits(max_bytes=settings.slot_max_bytes)!r} {folder}"
 
 
 class Reconciler:
@@ -137,7 +151,9 @@ class Reconciler:
         *,
         ledger: DemotionLedger | None = None,
         cancelled: Callable[[], bool] | None = None,
+        seen_file: Path | None = None,
     ) -> None:
+        """``seen_file``: where the memory of unchanged files is kept across restarts."""
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reported: dict[SlotKey, tuple[object, ...]] = {}
@@ -145,7 +161,11 @@ class Reconciler:
         self._catalog_reported: str | None = None
         self._temps_checked = False  # leftover temp files are looked for once, at the start
         self._hal0_reported: frozenset[hal0.FactProblem] = frozenset()
-        self._seen = seen.SeenSlots()
+        self._seen = (
+            seen.SeenSlots()
+            if seen_file is None
+            else seen.SeenSlots.load(seen_file, scope=_seen_scope(settings))
+        )
         self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
@@ -156,6 +176,7 @@ class Reconciler:
         self._settings = settings
         self._hal0 = hal0.Hal0Reader(settings)
         self._limits = limits.Limits(max_bytes=settings.slot_max_bytes)
+        self._seen.rescope(_seen_scope(settings))  # parses made under other limits: dropped
         # read at the next pass (by _refresh_catalog), not here as well
         self._catalog_identity: tuple[int, int, int, int] | object | None = _UNREAD
         self._catalog: Catalog = Catalog()
@@ -303,6 +324,8 @@ class Reconciler:
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
             return _outcome(key, path, doc, status, verdict)
+        from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
+
         try:
             text = slot_file.data.decode("utf-8")
             result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)

@@ -7,14 +7,14 @@ setting, so tests run against temp dirs. An unknown key is an error that names t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, get_args, get_origin
 
 from hal0_reconciler.errors import SettingsError
 
@@ -60,6 +60,8 @@ class AiterTree:
 
 @dataclass(frozen=True, kw_only=True)
 class AiterSettings:
+    """The ``[aiter]`` table: the trees to check and how to heal them."""
+
     trees: tuple[AiterTree, ...] = ()
     heal: bool = True  # the daemon invalidates stale modules; False: report only
     heal_shape_keyed: bool = False  # a shape-keyed miss is a silent slow fallback: warn only
@@ -208,9 +210,8 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
 def setting_names(cls: type[Any] = Settings, where: str = "") -> list[str]:
     """Every settable name, nested ones dotted (``aiter.heal``)."""
     names: list[str] = []
-    hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        hint = hints[f.name]
+        hint = _hint(cls, f.name)
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             names += setting_names(hint, f"{where}{f.name}.")
         else:
@@ -222,7 +223,10 @@ def _unknown(name: str) -> SettingsError:
     names = setting_names()
     leaf = name.rpartition(".")[2]
     close = [n for n in names if n.rpartition(".")[2] == leaf]  # the right key, wrong table
-    close = close or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if not close:
+        import difflib  # noqa: PLC0415 - only for this message
+
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return SettingsError(f"unknown setting {name!r}{hint}")
 
@@ -242,14 +246,28 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:
-    hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in names:
             raise _unknown(where + key)
-        kwargs[key] = _coerce(hints[key], value, name=f"{where}{key}")
+        kwargs[key] = _coerce(_hint(cls, key), value, name=f"{where}{key}")
     return cls(**kwargs)
+
+
+_HINTS: dict[tuple[type[Any], str], Any] = {}
+
+
+def _hint(cls: type[Any], name: str) -> Any:
+    """The type of one field (what ``typing.get_type_hints`` gives for it), evaluated only when
+    that field is set: evaluating all of them costs more than the rest of loading."""
+    key = (cls, name)
+    if key not in _HINTS:
+        owner = next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+        annotation = vars(owner)["__annotations__"][name]
+        module = vars(sys.modules[owner.__module__])
+        _HINTS[key] = eval(annotation, module) if isinstance(annotation, str) else annotation  # noqa: S307 - our own annotations
+    return _HINTS[key]
 
 
 def _coerce(hint: Any, value: Any, *, name: str) -> Any:

@@ -20,6 +20,8 @@ _log = get_logger("hal0_reconciler.state")
 
 @dataclass(frozen=True)
 class Demotion:
+    """A slot this reconciler moved to ``cpu``: its name, former label and when."""
+
     slot: str
     old: str
     at: float

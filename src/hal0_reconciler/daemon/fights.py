@@ -18,6 +18,8 @@ from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 
 @dataclass
 class _Record:
+    """One slot's recent relabels of one transition."""
+
     transition: tuple[str, str | None]
     times: deque[float] = field(default_factory=deque)
     versions: set[str] = field(default_factory=set)  # content digests seen around the fight

@@ -10,29 +10,28 @@ a full pass or a batch of many files; it costs a few milliseconds, never on an i
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import gc
 from collections.abc import Callable
 
 BIG_BATCH = 256  # files in one batch from which its garbage is worth returning
 
 
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``malloc_trim``, looked up at the first release, in the libc this process runs
+    with (``dlopen(NULL)``: no ``find_library``, which runs ``ldconfig``)."""
+    import ctypes  # noqa: PLC0415 - only when memory is released
+
     with contextlib.suppress(OSError, AttributeError):
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim  # glibc only
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
         return trim
     return None
-
-
-_TRIM = _malloc_trim()
 
 
 def release() -> None:
     """Collect garbage, then hand free heap pages back to the kernel (glibc)."""
     gc.collect()
-    if _TRIM is not None:
-        _TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

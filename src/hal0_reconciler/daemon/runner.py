@@ -23,7 +23,6 @@ from typing import Any
 
 from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import (
     notify,
     passes,
@@ -51,16 +50,21 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
+SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
 _LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
 
 
 def default_reconciler(
     settings: Settings, *, cancelled: Callable[[], bool] | None = None
 ) -> reconcile.Reconciler:
-    """The engine, remembering its own demotions in the state directory; ``cancelled`` ends a
-    wait for hal0's slot lock when the daemon is stopping."""
+    """The engine, remembering its own demotions and the slot files it read (so a restart does
+    not parse unchanged files again) in the state directory; ``cancelled`` ends a wait for
+    hal0's slot lock when the daemon is stopping."""
     return reconcile.Reconciler(
-        settings, ledger=DemotionLedger.in_state_dir(settings.state_dir), cancelled=cancelled
+        settings,
+        ledger=DemotionLedger.in_state_dir(settings.state_dir),
+        cancelled=cancelled,
+        seen_file=settings.state_dir / SEEN_FILE,
     )
 
 
@@ -105,7 +109,7 @@ class Runner:
         gather: Gather = host_facts.gather,
         reconciler_factory: ReconcilerFactory | None = None,
         observer_factory: watch.ObserverFactory | None = None,
-        aiter_factory: selfheal.AiterFactory = monitor.AiterMonitor,
+        aiter_factory: selfheal.AiterFactory = selfheal.aiter_monitor,
     ) -> None:
         self._settings = settings
         self._config_path = config_path
@@ -408,10 +412,17 @@ class Runner:
         return True
 
 
-def run(settings: Settings, *, config_path: Path | None, overrides: dict[str, Any]) -> int:
-    """``hal0-reconciler run``: the daemon in the main thread, with signals and faulthandler."""
+def run(
+    settings: Settings,
+    *,
+    config_path: Path | None,
+    overrides: dict[str, Any],
+    gather: Gather = host_facts.gather,
+) -> int:
+    """``hal0-reconciler run``: the daemon in the main thread, with signals and faulthandler
+    (``gather``: the command line's ``EarlyGather``, started before this module loaded)."""
     faulthandler.enable()  # a watchdog SIGABRT puts every thread's stack in the journal
-    runner = Runner(settings, config_path=config_path, overrides=overrides)
+    runner = Runner(settings, config_path=config_path, overrides=overrides, gather=gather)
 
     def on_stop(_signum: int, _frame: FrameType | None) -> None:
         runner.request_stop()

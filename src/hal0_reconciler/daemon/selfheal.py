@@ -18,13 +18,15 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import monitor, plan
 from hal0_reconciler.daemon import workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import Settings
+
+if TYPE_CHECKING:  # the aiter engine is loaded when a tree is configured (aiter_monitor)
+    from hal0_reconciler.aiter import monitor
 
 log = _log.get_logger("hal0_reconciler.daemon.selfheal")
 
@@ -42,7 +44,15 @@ class AiterCheck(Protocol):
 
 
 AiterFactory = Callable[[Settings], AiterCheck]
-"""Builds the monitor for a settings snapshot (the real one is ``AiterMonitor``)."""
+"""Builds the monitor for a settings snapshot (the real one is ``aiter_monitor``)."""
+
+
+def aiter_monitor(settings: Settings) -> AiterCheck:
+    """The real monitor (``AiterMonitor``); its engine is imported here, so a daemon with no
+    aiter tree never loads it."""
+    from hal0_reconciler.aiter import monitor  # noqa: PLC0415 - see above
+
+    return monitor.AiterMonitor(settings)
 
 
 def window(settings: Settings) -> workqueue.Window:
@@ -62,6 +72,8 @@ def static_watch_paths(settings: Settings) -> list[Path]:
 
 @dataclass
 class _State:
+    """The aiter checks so far, as status shows them."""
+
     checks: int = 0
     failures_in_a_row: int = 0
     failures_total: int = 0
@@ -187,6 +199,8 @@ class SelfHeal:
             self._paths = paths
 
     def _record(self, report: monitor.MonitorReport) -> None:
+        from hal0_reconciler.aiter import plan  # noqa: PLC0415 - loaded by the check already
+
         modules = [(p, m) for p in report.plans for m in p.modules]
         healed = [h for h in report.heals if h.quarantine is not None]
         with self._lock:

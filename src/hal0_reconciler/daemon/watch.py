@@ -115,6 +115,8 @@ class _OverflowHandler(logging.Handler):
 
 @dataclass
 class _Watch:
+    """One watched folder: its handler and the watch scheduled for it."""
+
     path: Path
     handler: _Handler
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) when scheduled

@@ -60,6 +60,8 @@ class FactProblem:
 
 @dataclass(frozen=True)
 class Hal0Read:
+    """hal0's facts as read, and each source that fell back to known values."""
+
     facts: Hal0Facts
     problems: tuple[FactProblem, ...]
 

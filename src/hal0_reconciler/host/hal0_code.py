@@ -30,6 +30,8 @@ class Hal0CodeError(Exception):
 
 @dataclass(frozen=True)
 class Runners:
+    """The runner table read from hal0's code: bundled images, manifest keys, aliases."""
+
     images: dict[str, str]  # runner key -> bundled image
     manifest_keys: dict[str, str]  # runner key -> manifest key (runners that have one)
     aliases: dict[str, str]

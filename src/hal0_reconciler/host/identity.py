@@ -22,6 +22,8 @@ _MAX_UNIT_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class Identity:
+    """Who the probe runs as, and why."""
+
     spec: str  # a user name or "uid[:gid[:groups]]", for probe.resolve_credentials
     why: str  # for people: why this identity
 

@@ -32,9 +32,10 @@ _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENXIO, errno.ENODEV})
 _CHILD_ENV = {"LC_ALL": "C"}  # English strerror(); nothing else leaks into the child
 
 CHILD_CODE = r"""
-import errno, json, os, stat, sys
+import errno, json, os, signal, stat, sys
 
 def main():
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())  # a parent's held signals are not ours
     spec = json.loads(sys.argv[1])
     uid, gid, groups = spec["uid"], spec["gid"], spec["groups"]
     want = set(groups) | {gid}

@@ -15,17 +15,19 @@ import heapq
 import json
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hal0_reconciler import _log, errors, lifecycle
 from hal0_reconciler.host import proc
 from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.settings import RestartFallback, Settings
+
+if TYPE_CHECKING:
+    import urllib.error
 
 log = _log.get_logger("hal0_reconciler.host.units")
 
@@ -46,6 +48,8 @@ class RestartResult(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RestartRequest:
+    """A relabelled slot to restart."""
+
     name: str  # the slot's display name (the API's {name})
     token: str  # the unit instance: the slot's id when set, else its name
 
@@ -89,6 +93,9 @@ class ApiNoAnswer(Exception):
 
 def restart_via_api(settings: Settings, name: str) -> None:
     """POST the restart; raises ApiNoAnswer, or ReconcilerError with the human line."""
+    import urllib.error  # noqa: PLC0415 - http, ssl, email: only when a restart is asked
+    import urllib.request  # noqa: PLC0415
+
     url = f"{settings.api_url.rstrip('/')}/api/slots/{urllib.parse.quote(name, safe='')}/restart"
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     try:

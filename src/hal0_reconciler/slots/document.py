@@ -96,7 +96,12 @@ def parse_slot(text: str, *, stem: str, limits: limits_.Limits = limits_.DEFAULT
     except ValueError as exc:  # e.g. Python's limit on the digits of an integer
         raise errors.SlotParseError(f"not a usable value: {exc}") from exc
     limits_.check_depth(data, limits)
+    return from_data(data, stem=stem)
 
+
+def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
+    """The slot document of an already parsed (and limit-checked) slot file. Raises
+    SlotParseError when ``device`` is not a string."""
     slot = data.get("slot")
     table: tuple[str, ...]
     if isinstance(slot, dict):

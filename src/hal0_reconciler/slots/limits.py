@@ -34,6 +34,8 @@ __all__ = ["DEFAULT", "Limits", "check_depth", "check_size", "check_text"]
 
 @dataclass(frozen=True)
 class Limits:
+    """The most a slot file may hold before it is reported instead of parsed."""
+
     max_bytes: int = 16384
     max_depth: int = 32
     max_key_length: int = 256
