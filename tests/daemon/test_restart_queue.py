@@ -4,10 +4,12 @@ HTTP server for hal0's API)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
@@ -243,7 +245,7 @@ def test_a_due_time_moved_many_times_leaves_a_bounded_queue(tmp_path: Path) -> N
 
 
 def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not running before start (stopping it then is harmless), running after, and joined by
     the time stop returns; idle it has been busy for 0 s, during a slow restart for as long as
@@ -267,6 +269,8 @@ def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
             restarter.busy_for(),
             restarter.is_alive(),
         )
+        crashes: list[object] = []
+        monkeypatch.setattr(threading, "excepthook", crashes.append)
         restarter.start()
         try:
             assert restarter.is_alive()
@@ -277,6 +281,7 @@ def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
         finally:
             restarter.stop()
         assert not restarter.is_alive(), "stop returned before the thread ended"
+        assert [] == crashes, "the thread did not end cleanly"
 
 
 def test_restart_times_older_than_the_interval_are_forgotten_and_recent_ones_kept(
