@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from hal0_reconciler import __version__, errors, fsio
 from hal0_reconciler._log import get_logger
@@ -29,6 +31,9 @@ from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason,
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import document, image, limits, policy, runtime, seen, store
 from hal0_reconciler.state import DemotionLedger
+
+if TYPE_CHECKING:
+    from hal0_reconciler.slots import edit
 
 _log = get_logger("hal0_reconciler.reconcile")
 
@@ -88,17 +93,48 @@ class PassReport:
     outcomes: tuple[Outcome, ...]
     duration: float
 
-    @property
+    # looked at several times per pass (the daemon, the CLI): each filtered once, 10k outcomes
+    @functools.cached_property
     def relabeled(self) -> tuple[Outcome, ...]:
         return tuple(o for o in self.outcomes if o.status is OutcomeStatus.RELABELED)
 
-    @property
+    @functools.cached_property
     def pending(self) -> tuple[Outcome, ...]:
         return tuple(o for o in self.outcomes if o.status is OutcomeStatus.PENDING)
 
-    @property
+    @functools.cached_property
     def failed(self) -> tuple[Outcome, ...]:
         return tuple(o for o in self.outcomes if o.status is OutcomeStatus.WRITE_FAILED)
+
+
+WRITE_GROUP = 32
+"""Relabels written under one hold of hal0's lock: their fsyncs reach the disk together."""
+
+
+@dataclass
+class _Write:
+    """A relabel decided on an unlocked read, to be written with its group under the lock."""
+
+    key: SlotKey
+    path: Path
+    doc: document.SlotDoc
+    verdict: Verdict
+    read: store.SlotFile | None  # the bytes it was decided on (None: known by its identity)
+    edit: edit.EditResult | None  # the edit of those bytes, made before the lock is held
+    at: int = -1  # its place in the pass's outcomes
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A relabel under the lock whose temp file is written, waiting for its group's fsync."""
+
+    write: _Write
+    doc: document.SlotDoc
+    verdict: Verdict
+    edit: edit.EditResult
+    pending: fsio.PendingWrite
+    data: bytes  # what the temp file holds
+    stat: os.stat_result  # the temp file's stat: the written file is not a settled read
 
 
 _UNREAD = object()  # the profiles file has not been read yet
@@ -208,13 +244,14 @@ class Reconciler:
         if apply and not self._temps_checked:
             self._temps_checked = True
             self._remove_leftover_temps(wait=False)
-        outcomes = []
-        keys = set()
+        outcomes: list[Outcome | None] = []  # None: a relabel its write group has not done yet
+        group: list[_Write] = []
         folder = self._settings.slots_dir
-        for key, known in self._listing() if paths is None else _keyed(paths):
-            if self._cancelled is not None and self._cancelled():
+        cancelled = self._cancelled
+        listing = self._listing() if paths is None else _keyed(paths)
+        for key, known in listing:
+            if cancelled is not None and cancelled():
                 break  # stopping: between two files, never half-way through one
-            keys.add(key)
             if key in hands_off:
                 path = known if isinstance(known, Path) else folder / known
                 outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
@@ -231,17 +268,24 @@ class Reconciler:
                 self._seen.forget(key)
                 message = f"could not be processed: {errors.describe(exc)}"
                 outcome = Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
+            if isinstance(outcome, _Write):  # written with its group, under hal0's lock
+                outcome.at = len(outcomes)
+                outcomes.append(None)
+                group.append(outcome)
+                if len(group) >= WRITE_GROUP:
+                    self._write_group(group, outcomes, facts)
+                    group = []
+                continue
             self._seen.note_outcome(key, outcome, apply=apply, keep=outcome.status in _SAME)
             outcomes.append(outcome)
-        if paths is None and not (self._cancelled is not None and self._cancelled()):
-            self._seen.keep_only(keys)
-        outcomes = self._sync_folders(outcomes)
+        if group:  # decided before a stop, if any: written now
+            self._write_group(group, outcomes, facts)
+        if paths is None and not (cancelled is not None and cancelled()):
+            self._seen.keep_only({key for key, _ in listing})
+        done = self._sync_folders(cast("list[Outcome]", outcomes))  # every group written
         if facts.amd and apply:
-            for outcome in outcomes:
-                if self._reported_outcome.get(outcome.key) is not outcome:  # said already
-                    self._report(outcome, facts)
-                    self._reported_outcome[outcome.key] = outcome
-        return PassReport(tuple(outcomes), time.monotonic() - started)
+            self._report_new(done, facts)
+        return PassReport(tuple(done), time.monotonic() - started)
 
     def _listing(self) -> list[tuple[SlotKey, Path | str]]:
         """Every slot file's key (its path made absolute) and name: no Path object each."""
@@ -283,7 +327,10 @@ class Reconciler:
 
     # -- one file ---------------------------------------------------------------------------
 
-    def _reconcile_one(self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool) -> Outcome:
+    def _reconcile_one(
+        self, path: Path, key: SlotKey, facts: HostFacts, *, apply: bool
+    ) -> Outcome | _Write:
+        """The file's outcome, or the relabel to write (with its group, under hal0's lock)."""
         # a dry run previews the edit: it needs the bytes (still not parsed when unchanged)
         read = self._read_and_decide(path, key, facts, fresh=not apply)
         if isinstance(read, Outcome):
@@ -298,6 +345,24 @@ class Reconciler:
             assert slot_file is not None  # noqa: S101 - a dry run reads the bytes (fresh)
             status, note = _dry_write(slot_file, doc, verdict.new)
             return _outcome(key, path, doc, status, verdict, note)
+        made = None
+        if slot_file is not None and verdict.new is not None:
+            from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
+
+            try:  # the edit of these bytes, made before the lock is held (reused if unchanged)
+                text = slot_file.data.decode("utf-8")
+                made = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+            except Exception:  # made again under the lock, which reports it
+                made = None
+        return _Write(key, path, doc, verdict, slot_file, made)
+
+    def _write_group(
+        self, group: list[_Write], outcomes: list[Outcome | None], facts: HostFacts
+    ) -> None:
+        """Write decided relabels under one hold of hal0's lock: each file is read again and
+        judged again under it and its temp file written; then every temp file is fsynced at
+        once (one journal commit can carry them all) and renamed over its file. Each outcome
+        goes to its place in ``outcomes``."""
         try:
             with store.slot_write_lock(
                 self._settings.effective_lock_file,
@@ -305,17 +370,82 @@ class Reconciler:
                 group_of=self._settings.slots_dir,
                 cancelled=self._cancelled,
             ):
-                outcome = self._write_under_lock(path, key, facts)
-                if outcome.status is OutcomeStatus.WRITE_FAILED:
-                    self._remove_leftover_temps(wait=True)  # we hold the lock: none in flight
-                return outcome
+                self._write_under_lock(group, outcomes, facts)
         except (LockTimeout, OSError) as exc:
-            return _write_failed(key, path, doc, verdict, exc)
+            for w in group:
+                if outcomes[w.at] is None:
+                    outcomes[w.at] = _write_failed(w.key, w.path, w.doc, w.verdict, exc)
+        for w in group:
+            outcome = outcomes[w.at]
+            assert outcome is not None  # noqa: S101 - each one was given its outcome above
+            self._seen.note_outcome(w.key, outcome, apply=True, keep=outcome.status in _SAME)
 
-    def _write_under_lock(self, path: Path, key: SlotKey, facts: HostFacts) -> Outcome:
-        # Re-read and decide again: another writer may have changed the file meanwhile (the
-        # same bytes as a moment ago are not parsed again).
-        read = self._read_and_decide(path, key, facts, fresh=True)
+    def _write_under_lock(
+        self, group: list[_Write], outcomes: list[Outcome | None], facts: HostFacts
+    ) -> None:
+        ready: list[_Ready] = []
+        try:
+            for w in group:
+                try:
+                    step = self._prepare(w, facts)
+                except Exception as exc:  # whatever one file raises, the others go on
+                    self._seen.forget(w.key)
+                    message = f"could not be processed: {errors.describe(exc)}"
+                    step = Outcome(
+                        w.key, w.path, None, None, OutcomeStatus.UNREADABLE, message=message
+                    )
+                if isinstance(step, Outcome):
+                    outcomes[w.at] = step
+                else:
+                    ready.append(step)
+        except BaseException:
+            for r in ready:
+                fsio.abandon(r.pending)
+            raise
+        # the folder is fsynced once for the whole pass (_sync_folders)
+        for r, error in zip(ready, fsio.commit_writes([r.pending for r in ready]), strict=True):
+            w = r.write
+            if error is not None:
+                outcomes[w.at] = _write_failed(w.key, w.path, r.doc, r.verdict, error)
+                continue
+            if r.verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
+                self._ledger.record(w.key, slot=r.doc.name, old=r.verdict.old)
+            elif r.verdict.reason is Reason.RESTORE_OWN_DEMOTION:
+                self._ledger.drop(w.key)
+            self._remember_written(r, facts)
+            note = None if r.edit.byte_minimal else r.edit.note
+            outcomes[w.at] = _outcome(
+                w.key, w.path, r.doc, OutcomeStatus.RELABELED, r.verdict, note
+            )
+        failed = {OutcomeStatus.WRITE_FAILED}
+        if any(getattr(outcomes[w.at], "status", None) in failed for w in group):
+            self._remove_leftover_temps(wait=True)  # we hold the lock: none of ours in flight
+
+    def _remember_written(self, r: _Ready, facts: HostFacts) -> None:
+        """What was just written, as if read back: the echo of the daemon's own write (its
+        inotify event) is then known by its bytes and not parsed again. Any doubt forgets the
+        file instead, and the next look reads and parses what is there."""
+        key, path = r.write.key, r.write.path
+        demoted = key in self._ledger
+        try:
+            if r.edit.data is None:
+                raise ValueError("the edit's parse is not known")  # noqa: TRY301 - forget it
+            doc = document.from_checked_parse(
+                r.edit.text, r.edit.data, stem=path.stem, limits=self._limits
+            )
+            verdict = self._decide(doc, facts, demoted=demoted)
+        except Exception:  # over a limit now, or anything else: read and parsed next time
+            self._seen.forget(key)
+            return
+        self._seen.remember(
+            key, r.data, r.stat, doc, verdict, read_at_ns=time.time_ns(), demoted=demoted
+        )
+
+    def _prepare(self, w: _Write, facts: HostFacts) -> Outcome | _Ready:
+        """Under the lock: read the file again and judge it again (another writer may have
+        changed it meanwhile; the same bytes as a moment ago are not parsed again), then its
+        temp file (not yet synced)."""
+        read = self._read_and_decide(w.path, w.key, facts, fresh=True)
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
@@ -323,25 +453,25 @@ class Reconciler:
             status = (
                 OutcomeStatus.SKIPPED if verdict.action is Action.SKIP else OutcomeStatus.UNCHANGED
             )
-            return _outcome(key, path, doc, status, verdict)
+            return _outcome(w.key, w.path, doc, status, verdict)
         from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
 
         try:
-            text = slot_file.data.decode("utf-8")
-            result = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
-            # the folder is fsynced once for the whole pass (_sync_folders)
-            store.replace_slot(
-                path, result.text.encode("utf-8"), like=slot_file.stat, sync_dir=False
-            )
+            made = w.edit
+            same = w.read is not None and w.read.data == slot_file.data
+            if made is None or not same or w.verdict.new != verdict.new:
+                text = slot_file.data.decode("utf-8")
+                made = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+            data = made.text.encode("utf-8")
+            pending = store.begin_replace(w.path, data, like=slot_file.stat)
         except Exception as exc:  # refused, failed, or anything the editor raised
-            return _write_failed(key, path, doc, verdict, exc)
-        self._seen.forget(key)  # the next look reads what was written
-        if verdict.reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE:
-            self._ledger.record(key, slot=doc.name, old=verdict.old)
-        elif verdict.reason is Reason.RESTORE_OWN_DEMOTION:
-            self._ledger.drop(key)
-        note = None if result.byte_minimal else result.note
-        return _outcome(key, path, doc, OutcomeStatus.RELABELED, verdict, note)
+            return _write_failed(w.key, w.path, doc, verdict, exc)
+        try:
+            written = os.fstat(pending.fd)  # the new file's stat (its ctime moves at the rename)
+        except BaseException:
+            fsio.abandon(pending)
+            raise
+        return _Ready(w, doc, verdict, made, pending, data, written)
 
     def _read_and_decide(
         self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool = False
@@ -479,6 +609,12 @@ class Reconciler:
                     reason=problem.why,
                 )
         self._hal0_reported = frozenset(read.problems)
+
+    def _report_new(self, outcomes: list[Outcome], facts: HostFacts) -> None:
+        for outcome in outcomes:
+            if self._reported_outcome.get(outcome.key) is not outcome:  # said already
+                self._report(outcome, facts)
+                self._reported_outcome[outcome.key] = outcome
 
     def _report_unit_problem(self, o: Outcome) -> None:
         """A name or id hal0 could not run: said once per file (again when it changes)."""

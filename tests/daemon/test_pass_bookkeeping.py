@@ -18,6 +18,7 @@ from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+from hal0_reconciler.slots import seen
 from helpers.daemon_host import device_of, slot_text
 from helpers.hal0_tree import Hal0Tree
 
@@ -533,3 +534,64 @@ def test_the_status_says_what_hal0_believes_and_when_it_cannot_be_understood(
     schema.write_text(good)
     bench.full()
     assert "hal0" not in bench.passes.progress.problems, "a fixed hal0 problem stays"
+
+
+def test_memory_is_given_back_after_a_batch_that_did_much_not_a_pass_that_only_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood's garbage is returned; a full pass that found every file as it was (the steady
+    state at every resync) made none, and does not pay for a collection."""
+    from hal0_reconciler.daemon import memory
+
+    released: list[int] = []
+    monkeypatch.setattr(memory, "BIG_BATCH", 3)
+    monkeypatch.setattr(memory, "release", lambda: released.append(1))
+    monkeypatch.setattr(seen, "SETTLED_NS", 0)
+    bench = Bench(tmp_path)
+    slots = [bench.slot(f"s{n}", "gpu-rocm", port=8100 + n) for n in range(5)]
+    bench.full()  # five files read and judged
+    assert 1 == len(released)
+    bench.full()  # the same five, recognised: nothing new
+    bench.changed(*slots)
+    assert 1 == len(released)
+
+    def relabel(paths: list[Path]) -> None:
+        for path in paths:
+            path.write_text(slot_text(path.stem, "gpu-vulkan", port=8200))
+        bench.changed(*paths)
+
+    relabel(slots[:2])  # two relabels: under the batch size
+    assert 1 == len(released)
+    relabel(slots[:3])  # three: a big batch
+    assert 2 == len(released)
+    for path in slots[:2]:
+        path.unlink()
+    bench.changed(*slots[:2])  # two gone
+    assert 2 == len(released)
+    for path in slots[2:]:
+        path.unlink()
+    bench.changed(*slots[2:])  # three gone
+    assert 3 == len(released)
+
+
+def test_a_lasting_write_failure_leaves_the_problems_once_the_write_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hal0_reconciler import fsio
+
+    bench = Bench(tmp_path)
+    slot = bench.slot("agent")
+    real = fsio.begin_write
+
+    def refused(*_args: object, **_kwargs: object) -> fsio.PendingWrite:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(fsio, "begin_write", refused)
+    bench.changed(slot)
+    with bench.passes.lock:
+        assert "Permission denied" in bench.passes.progress.problems.get("writes", "")
+    monkeypatch.setattr(fsio, "begin_write", real)
+    bench.changed(slot)
+    with bench.passes.lock:
+        assert "writes" not in bench.passes.progress.problems
+    assert "gpu-rocm" == device_of(slot)

@@ -154,24 +154,26 @@ def test_a_relabel_parses_twice_and_syncs_the_folder_once_before_reporting(
     monkeypatch.setattr(tomllib, "loads", counting_loads)
     order: list[str] = []
     real_sync = fsio.fsync_directory
-    real_write = fsio.write_atomically
+    real_commit = fsio.commit_writes
 
     def sync(folder: Path) -> None:
         order.append(f"fsync {folder.name}")
         real_sync(folder)
 
-    def write(path: Path, data: bytes, **kwargs: object) -> None:
-        order.append(f"write {path.name} sync_dir={kwargs.get('sync_dir', True)}")
-        real_write(path, data, **kwargs)  # type: ignore[arg-type]
+    def commit(pending: list[fsio.PendingWrite]) -> list[OSError | None]:
+        order.append("commit " + " ".join(p.path.name for p in pending))
+        return real_commit(pending)
 
     monkeypatch.setattr(fsio, "fsync_directory", sync)
-    monkeypatch.setattr(fsio, "write_atomically", write)
+    monkeypatch.setattr(fsio, "commit_writes", commit)
     with structlog.testing.capture_logs() as logs:
         report = Reconciler(make_settings()).reconcile(ROCM_USABLE)
         order.extend(e["event"] for e in logs)
     assert 4 == len(report.relabeled)
-    assert [f"write {p.name} sync_dir=False" for p in paths] == order[:4]
-    assert ["fsync slots", *["slot.relabeled"] * 4] == order[4:]
+    # the four files' temp files fsynced and renamed together (one write group), then the
+    # folder once, then the news
+    assert ["commit " + " ".join(p.name for p in paths)] == order[:1]
+    assert ["fsync slots", *["slot.relabeled"] * 4] == order[1:]
     assert sorted(f"s{n}" for n in range(4)) == sorted(parses)  # read once, under the lock
     assert 8 == len(loads)  # per file: that parse, and the edit's verifying re-parse
     for path in paths:  # and the files are right
@@ -205,3 +207,21 @@ def test_a_dry_run_outcome_is_not_taken_for_a_real_pass(
     }
     assert 2 == len(engine.reconcile(ROCM_USABLE).relabeled)
     assert all(b'"gpu-rocm"' in p.read_bytes() for p in paths)
+
+
+def test_the_echo_of_a_relabel_is_known_by_its_bytes_and_not_parsed_again(
+    host_dirs: dict[str, Path], make_settings, parses: list[str]
+) -> None:
+    """The daemon's own write comes back as an event: the written bytes are remembered with the
+    parse the editor verified them by, so the next look reads them and does not parse them."""
+    paths = _fill(host_dirs["slots_dir"], 3)
+    engine = Reconciler(make_settings())
+    assert 3 == len(engine.reconcile(ROCM_USABLE).relabeled)
+    assert 3 == len(parses)
+    echo = engine.reconcile(ROCM_USABLE, paths)
+    assert 3 == len(parses), "the daemon's own writes were parsed again"
+    assert {OutcomeStatus.UNCHANGED} == {o.status for o in echo.outcomes}
+    assert {"gpu-rocm"} == {o.verdict.old for o in echo.outcomes if o.verdict is not None}
+    paths[0].write_text(paths[0].read_text().replace("port", "# moved\nport"))
+    engine.reconcile(ROCM_USABLE, paths)
+    assert ["s0"] == parses[3:], "a file changed after the daemon's write was not read anew"

@@ -97,7 +97,7 @@ def test_a_write_that_fails_is_a_write_failure_and_loses_nothing(
     def disk_full(*_args, **_kwargs) -> None:  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fsio, "write_atomically", disk_full)
+    monkeypatch.setattr(fsio, "begin_write", disk_full)
     with structlog.testing.capture_logs() as logs:
         report = Reconciler(make_settings()).reconcile(ROCM_USABLE)
     (outcome,) = report.outcomes

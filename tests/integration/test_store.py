@@ -242,3 +242,24 @@ def test_replace_keeps_a_group_readable_mode(tmp_path: Path) -> None:
     path.chmod(0o640)
     store.replace_slot(path, b"x = 2\n", like=store.read_slot(path).stat)
     assert 0o640 == stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_replace_syncs_the_folder_unless_the_caller_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.toml"
+    path.write_bytes(b"old\n")
+    synced: list[Path] = []
+    monkeypatch.setattr(fsio, "fsync_directory", synced.append)
+    store.replace_slot(path, b"new\n", like=store.read_slot(path).stat)
+    assert [tmp_path] == synced
+    store.replace_slot(path, b"newer\n", like=store.read_slot(path).stat, sync_dir=False)
+    assert ([tmp_path], b"newer\n") == (synced, path.read_bytes())
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="Input/output"):  # the file's own fsync, not the folder's
+        store.replace_slot(path, b"lost\n", like=store.read_slot(path).stat, sync_dir=False)
+    assert b"newer\n" == path.read_bytes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from hal0_reconciler import errors
 from hal0_reconciler.model import DeviceSource
-from hal0_reconciler.slots import document
+from hal0_reconciler.slots import document, limits
 from helpers.hosts import SHARED
 
 FIXTURES = SHARED / "fixtures/hal0/slots"
@@ -289,3 +290,17 @@ def test_hal0_seed_files_parse_as_flat_slots_named_after_their_stem() -> None:
     for path in _fixture_files():
         doc = document.parse_slot(path.read_text(encoding="utf-8"), stem=path.stem)
         assert ((), path.stem, DeviceSource.DEVICE) == (doc.table, doc.name, doc.device_source)
+
+
+def test_a_known_parse_is_held_to_the_same_limits_as_a_parse() -> None:
+    """The editor's verified parse of what it wrote stands in for a parse only within limits."""
+    text = 'name = "a"\ndevice = "cpu"\n'
+    data = tomllib.loads(text)
+    assert document.parse_slot(text, stem="a") == document.from_checked_parse(text, data, stem="a")
+    tight = limits.Limits(max_bytes=len(text) - 1)
+    with pytest.raises(errors.OverLimit):
+        document.from_checked_parse(text, data, stem="a", limits=tight)
+    shallow = limits.Limits(max_depth=1)
+    nested = {"slot": {"a": {"b": {"c": 1}}}}
+    with pytest.raises(errors.OverLimit):
+        document.from_checked_parse('name = "a"\n', nested, stem="a", limits=shallow)

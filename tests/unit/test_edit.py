@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hal0_reconciler import errors
 from hal0_reconciler.model import Device, DeviceSource
-from hal0_reconciler.slots import document, edit
+from hal0_reconciler.slots import _tomlscan, document, edit
 from helpers.hosts import SHARED
 
 FIXTURES = SHARED / "fixtures/hal0/slots"
@@ -419,6 +419,7 @@ def test_every_shape_is_edited_in_place(text: str, table: tuple[str, ...], expec
     result = edit.set_device(text, table=table, new="gpu-rocm")
     assert (expected, True, None) == (result.text, result.byte_minimal, result.note)
     assert expected_after(text, table, "gpu-rocm") == tomllib.loads(result.text)
+    assert tomllib.loads(result.text) == result.data, "the edit's parse is not what it wrote"
     assert edit.EditResult(expected, True, None) == edit.set_device(
         expected, table=table, new="gpu-rocm"
     )
@@ -471,11 +472,12 @@ def test_a_rewrite_that_does_not_verify_is_not_returned(
 ) -> None:
     """A byte-minimal candidate that re-parses to anything else is replaced by a full rewrite."""
     text = f'# keep\nkept = {written}\ndevice = "gpu-vulkan"\n'
-    monkeypatch.setattr(
-        edit,
-        "_rewrite",
-        lambda text, *_: text.replace("gpu-vulkan", "gpu-rocm").replace(written, slipped),
-    )
+
+    def slipping(text: str, *_: object) -> str:
+        return text.replace("gpu-vulkan", "gpu-rocm").replace(written, slipped)
+
+    monkeypatch.setattr(edit, "_rewrite", slipping)
+    monkeypatch.setattr(edit, "_rewrite_plain", slipping)  # the shortcut is checked as well
     result = edit.set_device(text, table=(), new="gpu-rocm")
     expected = tomllib.loads(f'kept = {written}\ndevice = "gpu-rocm"\n')
     assert (False, canonical(expected)) == (
@@ -497,6 +499,7 @@ def test_special_floats_do_not_defeat_the_re_parse_check() -> None:
 def test_a_rewrite_that_does_not_parse_is_not_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     """A byte-minimal candidate that is not TOML is replaced by a full rewrite."""
     monkeypatch.setattr(edit, "_rewrite", lambda text, *_: text + "= oops")
+    monkeypatch.setattr(edit, "_rewrite_plain", lambda text, *_: text + "= oops")
     result = edit.set_device('device = "gpu-vulkan"\n', table=(), new="cpu")
     assert (False, {"device": "cpu"}) == (result.byte_minimal, tomllib.loads(result.text))
 
@@ -792,6 +795,7 @@ def test_generated_files_change_only_the_device_line(slot: SlotFile, new: str) -
     result = edit.set_device(old, table=slot.table, new=new)
 
     assert expected_after(old, slot.table, new) == tomllib.loads(result.text)
+    assert tomllib.loads(result.text) == result.data  # what the daemon remembers it wrote
     assert (True, None) == (result.byte_minimal, result.note)
     new_lines = result.text.split(slot.eol)
     if slot.eol == "\r\n":
@@ -1189,3 +1193,79 @@ def test_every_generated_shape_changes_only_the_value_span(shaped: Shaped, new: 
 
     again = edit.set_device(result.text, table=shaped.table, new=new)
     assert edit.EditResult(result.text, True, None) == again
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slot=slot_files(), new=st.sampled_from(DEVICES))
+def test_the_one_line_shortcut_edits_as_the_scanner_does(slot: SlotFile, new: str) -> None:
+    """Where the regular expression finds the one `device = "..."` line and its edit re-parses
+    as intended, it is the scanner's edit, byte for byte; where it finds a wrong line (one in a
+    multi-line string, in another table), the re-parse says no."""
+    old = slot.text
+    plain = edit._rewrite_plain(old, new)
+    assume(plain is not None)
+    expected = expected_after(old, slot.table, new)
+    try:
+        scanned: str | None = edit._rewrite(old, slot.table, new)
+    except _tomlscan.CannotEdit:
+        scanned = None
+    if slot.backend is None and tomllib.loads(plain) == expected:
+        assert scanned == plain
+    if slot.device is None or slot.backend is not None:  # not the right edit: refused
+        assert tomllib.loads(plain) != expected
+
+
+def test_a_shortcut_that_does_not_verify_falls_back_to_the_scanner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = '# keep\nkept = "a"\ndevice = "gpu-vulkan"\n'
+    monkeypatch.setattr(edit, "_rewrite_plain", lambda text, *_: text.replace('"a"', '"b"'))
+    result = edit.set_device(text, table=(), new="gpu-rocm")
+    assert (text.replace("gpu-vulkan", "gpu-rocm"), True) == (result.text, result.byte_minimal)
+
+
+def test_the_shortcut_takes_only_a_lone_plain_device_line() -> None:
+    flat = '# a slot\nname = "a"\ndevice = "gpu-vulkan"  # the label\nport = 1\n'
+    assert flat.replace('"gpu-vulkan"', '"gpu-rocm"') == edit._rewrite_plain(flat, "gpu-rocm")
+    literal = "device = 'gpu-vulkan'\r\n"
+    assert "device = 'cpu'\r\n" == edit._rewrite_plain(literal, "cpu")
+    assert None is edit._rewrite_plain('device = "a"\n[x]\ndevice = "b"\n', "cpu")  # two
+    assert None is edit._rewrite_plain('device = "a\\u0041"\n', "cpu")  # an escape: scanned
+    assert None is edit._rewrite_plain('"device" = "a"\n', "cpu")  # a quoted key: scanned
+    assert None is edit._rewrite_plain("slot.device = 'a'\n", "cpu")  # dotted: scanned
+    assert None is edit._rewrite_plain('device = "a" x\n', "cpu")  # not a lone value
+    # a decoy inside a multi-line string is the only such line: its edit does not verify, and
+    # the scanner edits the real one
+    decoy = 'notes = """\ndevice = "gpu-vulkan"\n"""\n"device" = "gpu-vulkan"\n'
+    result = edit.set_device(decoy, table=(), new="gpu-rocm")
+    assert 'notes = """\ndevice = "gpu-vulkan"\n"""\n"device" = "gpu-rocm"\n' == result.text
+    assert result.byte_minimal
+
+
+def test_the_shortcut_saves_the_scanner_and_is_not_tried_where_it_cannot_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain file costs the shortcut and one re-parse, not the scanner; a table holding
+    `backend` (which the edit must drop) goes straight to the scanner: the shortcut's edit
+    could not verify, and would cost a parse for nothing."""
+    plain = '# keep\nname = "a"\ndevice = "gpu-vulkan"\n'
+    with_backend = 'name = "a"\ndevice = "gpu-vulkan"\nbackend = "vulkan"\n'
+    real_scan, real_plain = _tomlscan.scan, edit._rewrite_plain
+    calls: list[str] = []
+
+    def scan(text: str) -> _tomlscan.Scan:
+        calls.append("scan")
+        return real_scan(text)
+
+    def shortcut(text: str, new: str) -> str | None:
+        calls.append("shortcut")
+        return real_plain(text, new)
+
+    monkeypatch.setattr(_tomlscan, "scan", scan)
+    monkeypatch.setattr(edit, "_rewrite_plain", shortcut)
+    assert edit.set_device(plain, table=(), new="cpu").byte_minimal
+    assert ["shortcut"] == calls
+    calls.clear()
+    result = edit.set_device(with_backend, table=(), new="cpu")
+    assert ('name = "a"\ndevice = "cpu"\n', True) == (result.text, result.byte_minimal)
+    assert ["scan"] == calls

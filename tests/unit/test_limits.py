@@ -3,6 +3,7 @@ the parser runs; real slot files are far inside every limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 
 import pytest
@@ -100,3 +101,74 @@ def test_the_scanner_never_undercounts_the_parsed_depth(doc: dict[str, object]) 
     except OverLimit:
         return
     limits.check_depth(tomllib.loads(text), bounds)  # the parsed data agrees
+
+
+_TOMLISH = st.text(alphabet=st.sampled_from(list("ab19_.=[]{},#\"'\\ \t\n\r")), max_size=60)
+_LINES = st.lists(  # lines of keys, headers, values and comments: mostly within the counts
+    st.sampled_from(
+        ["a = 1", "[a]", "[[a]]", "a.b = 'x'", '"a" = "1"', "a = [1, 2]", "# .", "", "ab_ = 9"]
+    ),
+    max_size=6,
+).map("\n".join)
+_TIGHT = limits.Limits(max_bytes=1000, max_depth=3, max_key_length=6, max_digits=2, max_items=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_TOMLISH | _LINES | st.builds(lambda v: __import__("tomli_w").dumps({"k": v}), _VALUE))
+def test_the_counting_shortcut_never_lets_through_what_the_tokenizer_refuses(text: str) -> None:
+    """Counts say "within the limits" only where the tokenizer says so too (tight limits, any
+    mix of TOML's punctuation, valid or not)."""
+    if limits._within_by_counts(text, _TIGHT):
+        limits._Scan(_TIGHT).run(text)  # raises OverLimit if the counts were wrong
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = 1\n" * 5,  # five items
+        "[a.b]\nc.d = 1",  # depth 4 by the tokenizer and by the counts
+        "abcdefg = 1",  # a line longer than a key may be
+        "x = 123",  # a run of digits longer than a number may be
+        "x = {a = 1}",  # an inline table: keys need not start a line
+        'x = """\n"""',  # a multi-line string: a key could span lines
+    ],
+)
+def test_the_counting_shortcut_leaves_the_doubtful_to_the_tokenizer(text: str) -> None:
+    assert not limits._within_by_counts(text, _TIGHT)
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds"),
+    [  # exactly at one limit: within it, and refused by the tokenizer at one less
+        ("[[a]]\nb = 1", {"max_depth": 3}),  # a key in an array of tables: 1 + two brackets
+        ("a.b = [1]", {"max_depth": 3, "max_key_length": 9}),
+        ("a = 1\nb = 2\nc = 3\nd = 4", {"max_items": 4}),
+        ("abcdef", {"max_key_length": 6}),
+        ("x = 12", {"max_digits": 2}),
+    ],
+)
+def test_the_counting_shortcut_takes_what_counts_prove(text: str, bounds: dict[str, int]) -> None:
+    assert limits._within_by_counts(text, dataclasses.replace(_TIGHT, **bounds))
+    limits._Scan(dataclasses.replace(_TIGHT, **bounds)).run(text)
+    name, value = next(iter(bounds.items()))
+    with pytest.raises(OverLimit):
+        limits._Scan(dataclasses.replace(_TIGHT, **{**bounds, name: value - 1})).run(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds"),
+    [
+        ("a={b={c={d=1}}}", {"max_depth": 3, "max_key_length": 20}),  # braces nest keys
+        ('"""ab\ncd\nef"""=1', {}),  # a multi-line string as a key: longer than its lines
+    ],
+)
+def test_what_counts_cannot_see_is_left_to_the_tokenizer(text: str, bounds: dict[str, int]) -> None:
+    tight = dataclasses.replace(_TIGHT, **bounds)
+    assert not limits._within_by_counts(text, tight)
+    with pytest.raises(OverLimit):
+        limits.check_text(text, tight)
+
+
+def test_the_counting_shortcut_takes_real_slot_files() -> None:
+    for path in sorted(DATA.glob("slots/*.toml")):
+        assert limits._within_by_counts(path.read_text(), limits.DEFAULT), path.name

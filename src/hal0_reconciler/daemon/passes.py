@@ -293,9 +293,9 @@ class Passes:
             if demoted != self.progress.metrics.demoted_slots:
                 self.progress.revision += 1
             self.progress.metrics.demoted_slots = demoted
-        self._absorb(report, facts=facts, full=full, before=before)
+        fresh = self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
-        if len(report.outcomes) >= memory.BIG_BATCH:
+        if fresh >= memory.BIG_BATCH:  # not a full pass that found every file as it was
             del report, before
             memory.release()  # a flood's garbage goes back to the kernel, not kept for good
 
@@ -357,26 +357,10 @@ class Passes:
         facts: HostFacts,
         full: bool,
         before: dict[SlotKey, str | None],
-    ) -> None:
-        statuses = reconcile.OutcomeStatus
-        seen: dict[SlotKey, dict[str, Any]] = {}
-        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
-        for o in report.outcomes:
-            if o.status is statuses.GONE:
-                self.fights.forget(o.key)
-                made.pop(o.key, None)
-                continue
-            cached = self._entries.get(o.key)
-            if cached is not None and cached[0] is o:
-                seen[o.key] = cached[1]
-                made[o.key] = cached
-                continue
-            entry = _entry(o)
-            seen[o.key] = entry
-            made[o.key] = (o, entry)
-            if o.status is statuses.RELABELED and o.verdict is not None:
-                self._relabeled(o, before.get(o.key))
-        self._entries = made
+    ) -> int:
+        """Fold a pass into the progress; returns how many of its outcomes are new (not the very
+        outcome an unchanged file had last time): what the pass did, beyond looking."""
+        seen, fresh = self._status_entries(report, full=full, before=before)
         self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
@@ -407,6 +391,36 @@ class Passes:
             m.rocm_lane = lane_metric_state(facts)
             if changed:
                 p.revision += 1
+        return fresh
+
+    def _status_entries(
+        self, report: reconcile.PassReport, *, full: bool, before: dict[SlotKey, str | None]
+    ) -> tuple[dict[SlotKey, dict[str, Any]], int]:
+        """Each outcome's status entry (the same object for the same outcome as last time), and
+        how many outcomes are new; a relabel goes to the fight detector and the restarter."""
+        statuses = reconcile.OutcomeStatus
+        seen: dict[SlotKey, dict[str, Any]] = {}
+        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
+        fresh = 0
+        for o in report.outcomes:
+            if o.status is statuses.GONE:
+                self.fights.forget(o.key)
+                made.pop(o.key, None)
+                fresh += 1
+                continue
+            cached = self._entries.get(o.key)
+            if cached is not None and cached[0] is o:
+                seen[o.key] = cached[1]
+                made[o.key] = cached
+                continue
+            fresh += 1
+            entry = _entry(o)
+            seen[o.key] = entry
+            made[o.key] = (o, entry)
+            if o.status is statuses.RELABELED and o.verdict is not None:
+                self._relabeled(o, before.get(o.key))
+        self._entries = made
+        return seen, fresh
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller
@@ -431,7 +445,8 @@ class Passes:
     def _note_write_failures(self, report: reconcile.PassReport) -> None:
         """The "writes" problem: slots whose last write failed for a lasting reason
         ("writes-read-only" when the folder is read-only: that one makes it unhealthy)."""
-        for o in report.outcomes:
+        # with no failing write on record only the pass's failures matter (not 10k outcomes)
+        for o in report.outcomes if self._failing_writes else report.failed:
             failing = o.status is reconcile.OutcomeStatus.WRITE_FAILED
             if failing and o.errno in LASTING_WRITE_ERRORS:
                 self._failing_writes[o.key] = (f"{o.path}: {o.message}", o.errno)

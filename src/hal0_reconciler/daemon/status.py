@@ -72,7 +72,8 @@ def process_start_time(pid: int) -> float | None:
 def write_status(settings: Settings, snapshot: dict[str, Any]) -> None:
     """Replace status.json atomically (mode 0644: operators read it without root).
 
-    ``statusjson.Raw`` values (the cached per-slot fragments) go in as they are."""
+    ``statusjson.Raw`` and ``RawParts`` values (the cached per-slot fragments) go in as they
+    are, written piece by piece (never joined into one buffer)."""
     path = status_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     fsio.write_atomically(path, statusjson.dumps(snapshot), mode=0o644)

@@ -99,6 +99,16 @@ def parse_slot(text: str, *, stem: str, limits: limits_.Limits = limits_.DEFAULT
     return from_data(data, stem=stem)
 
 
+def from_checked_parse(
+    text: str, data: dict[str, Any], *, stem: str, limits: limits_.Limits = limits_.DEFAULT
+) -> SlotDoc:
+    """``parse_slot(text)`` for a text whose parse is already known to be ``data`` (the editor's
+    verifying re-parse of what it wrote): the same limits, no parser."""
+    limits_.check_text(text, limits)
+    limits_.check_depth(data, limits)
+    return from_data(data, stem=stem)
+
+
 def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
     """The slot document of an already parsed (and limit-checked) slot file. Raises
     SlotParseError when ``device`` is not a string."""

@@ -20,6 +20,10 @@ The edit, for the target table:
   `[table]` header with the pair, just before the first of them. A new line takes the indentation
   of the table's first key and the document's line ending (CRLF when it has any, else LF).
 
+The common shape (one line `device = "..."` in the file, no `backend` in the table) is found
+with one regular expression instead of the scanner; its edit is the scanner's, and is verified
+the same way (a wrong line fails the re-parse, and the scanner is used).
+
 Whatever the scanner produces is parsed again and must equal the old document with exactly the
 intended change. Only when that cannot be done (`device` or `backend` is a table of its own,
 made by a header or dotted sub-keys; values nested too deeply to scan) is the whole document
@@ -34,7 +38,7 @@ import copy
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import tomli_w
@@ -52,6 +56,8 @@ class EditResult:
     text: str
     byte_minimal: bool  # False: re-serialised with tomli_w; comments and layout are gone
     note: str | None = None  # why the byte-minimal rewrite was not possible
+    # what ``text`` parses to (checked by the re-parse): derived from ``text``, not compared
+    data: dict[str, Any] | None = field(default=None, compare=False)
 
 
 def set_device(
@@ -69,18 +75,21 @@ def set_device(
     expected = _load(text) if parsed is None else copy.deepcopy(dict(parsed))
     target = _table(expected, table)
     if target.get("device") == new and "backend" not in target:
-        return EditResult(text, byte_minimal=True)
+        return EditResult(text, byte_minimal=True, data=expected)
     target["device"] = new
-    target.pop("backend", None)
+    had_backend = target.pop("backend", None) is not None
+    plain = None if had_backend else _rewrite_plain(text, new)
+    if plain is not None and _parses_to(plain, expected):
+        return EditResult(plain, byte_minimal=True, data=expected)
     try:
         candidate = _rewrite(text, table, new)
     except _tomlscan.CannotEdit as exc:
         note = str(exc)
     else:
         if _parses_to(candidate, expected):
-            return EditResult(candidate, byte_minimal=True)
+            return EditResult(candidate, byte_minimal=True, data=expected)
         note = "the byte-minimal rewrite did not re-parse to the intended document"
-    return EditResult(_dump(expected, note), byte_minimal=False, note=note)
+    return EditResult(_dump(expected, note), byte_minimal=False, note=note, data=expected)
 
 
 def _load(text: str) -> dict[str, Any]:
@@ -146,6 +155,26 @@ def _dump(expected: dict[str, Any], note: str) -> str:
 
 
 # --- the byte-minimal rewrite ---------------------------------------------------------------
+
+
+_DEVICE_LINE = re.compile(
+    r"""^[ \t]*device[ \t]*=[ \t]*("[^"\\\r\n]*"|'[^'\r\n]*')[ \t]*(?:\#[^\r\n]*)?\r?$""",
+    re.MULTILINE,
+)
+
+
+def _rewrite_plain(text: str, new: str) -> str | None:
+    """The common shape without the scanner: the one line ``device = "..."`` (a bare key, a
+    plain one-line string, a comment or nothing after it) gets its value replaced, as the
+    scanner would. None when there is not exactly one such line. Whether it was the target
+    table's ``device`` (and not, say, a line inside a multi-line string) is for the re-parse to
+    say: any other line changes some other value, and the caller falls back to the scanner."""
+    found = _DEVICE_LINE.finditer(text)
+    match = next(found, None)
+    if match is None or next(found, None) is not None:
+        return None
+    start, end = match.span(1)
+    return text[:start] + _replacement(match.group(1), new) + text[end:]
 
 
 def _rewrite(text: str, table: tuple[str, ...], new: str) -> str:

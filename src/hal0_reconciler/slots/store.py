@@ -97,19 +97,25 @@ def replace_slot(path: Path, data: bytes, *, like: os.stat_result, sync_dir: boo
     Refuses when the path is no longer the regular file that was read (a symlink or other
     kind of file was put there meanwhile).
     """
+    (error,) = fsio.commit_writes([begin_replace(path, data, like=like)])
+    if error is not None:
+        raise error
+    if sync_dir:
+        fsio.fsync_directory(path.parent)
+
+
+def begin_replace(path: Path, data: bytes, *, like: os.stat_result) -> fsio.PendingWrite:
+    """``replace_slot``'s first half, for a group of files: the temp file beside ``path`` with
+    ``data`` and the owner, group and mode of ``like``; ``fsio.commit_writes`` syncs and renames
+    the group's temp files together. Refuses as ``replace_slot`` does."""
     try:
         now = os.lstat(path)
     except FileNotFoundError:
         raise WriteRefused(f"{path}: vanished before it could be replaced") from None
     if not stat.S_ISREG(now.st_mode):
         raise WriteRefused(f"{path}: {_kind_of_mode(now.st_mode)}, not a regular file")
-    fsio.write_atomically(
-        path,
-        data,
-        mode=stat.S_IMODE(like.st_mode),
-        uid=like.st_uid,
-        gid=like.st_gid,
-        sync_dir=sync_dir,
+    return fsio.begin_write(
+        path, data, mode=stat.S_IMODE(like.st_mode), uid=like.st_uid, gid=like.st_gid
     )
 
 
