@@ -6,120 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.aiter import monitor
-from hal0_reconciler.daemon import passes, publish, runner, selfheal
-from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
+from hal0_reconciler.daemon import publish, selfheal
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from hal0_reconciler.slots import seen
 from helpers.daemon_host import device_of, slot_text
-from helpers.hal0_tree import Hal0Tree
-
-USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
-UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-class FakeRestarter:
-    def __init__(self) -> None:
-        self.requests: list[units.RestartRequest] = []
-        self.results: Counter[units.RestartResult] = Counter()
-
-    def submit(self, request: units.RestartRequest) -> None:
-        self.requests.append(request)
-
-
-class Bench:
-    """One Passes object on temp host paths; ``facts`` is what the next probe finds."""
-
-    def __init__(self, tmp_path: Path, **overrides: object) -> None:
-        self.root = tmp_path
-        self.slots = tmp_path / "slots"
-        self.slots.mkdir()
-        self.hal0 = Hal0Tree(tmp_path).install("ade07ba")  # unpinned gpu-vulkan is not capable
-        self.facts = USABLE
-        self.clock = FakeClock()
-        self.built: list[Settings] = []
-        self.wakes = 0
-        self.settings = self.make_settings(**overrides)
-        self.selfheal = selfheal.SelfHeal(self.settings, factory=_no_aiter, clock=self.clock)
-        self.passes = passes.Passes(
-            self.settings,
-            clock=self.clock,
-            gather=lambda _s: self.facts,
-            reconciler_factory=self._factory,
-            restarter=FakeRestarter(),  # type: ignore[arg-type]
-            selfheal_=self.selfheal,
-            wake=self._wake,
-        )
-
-    def _wake(self) -> None:
-        self.wakes += 1
-
-    def make_settings(self, **overrides: object) -> Settings:
-        values: dict[str, object] = {
-            "slots_dir": str(self.slots),
-            "state_dir": str(self.root / "state"),
-            "runtime_dir": str(self.root / "run"),
-            "profiles_file": str(self.root / "profiles.toml"),
-            "lock_timeout": 2.0,
-            "demote_grace": 0,
-            **self.hal0.settings(),
-        }
-        values.update(overrides)
-        return settings_mod.load(None, values)
-
-    def _factory(self, settings: Settings):  # type: ignore[no-untyped-def]
-        self.built.append(settings)
-        return runner.default_reconciler(settings)
-
-    def slot(self, name: str, device: str = "gpu-vulkan", *, port: int = 8081) -> Path:
-        path = self.slots / f"{name}.toml"
-        path.write_text(slot_text(name, device, port=port))
-        return path
-
-    def full(self) -> None:
-        self.passes.process(Batch(frozenset({Special.EVERYTHING}), 1))
-
-    def changed(self, *paths: Path) -> None:
-        keys: frozenset[WorkKey] = frozenset(SlotKey(str(p.absolute())) for p in paths)
-        self.passes.process(Batch(keys, 1))
-
-    def probe(self) -> None:
-        self.passes.process(Batch(frozenset({Special.HOST_FACTS}), 1))
-
-    def status(self, path: Path) -> dict[str, object] | None:
-        with self.passes.lock:
-            return self.passes.progress.slots.get(SlotKey(str(path.absolute())))
-
-
-def _no_aiter(_settings: Settings) -> selfheal.AiterCheck:
-    raise AssertionError("no aiter tree is configured: the aiter check must not be built")
-
-
-def _fight_until_hands_off(bench: Bench, slot: Path, name: str) -> None:
-    """Another writer reverts the slot after each relabel until the daemon stops fighting."""
-    bench.changed(slot)
-    for _ in range(bench.settings.fight_limit + 1):
-        bench.slot(name)  # reverted to gpu-vulkan
-        bench.changed(slot)
-    assert SlotKey(str(slot.absolute())) in bench.passes.fights.hands_off, (
-        "setup: the slot should be hands off after more than fight_limit reverts"
-    )
+from helpers.pass_bench import UNUSABLE, USABLE, Bench, fight_until_hands_off
 
 
 def test_hands_off_slots_stay_in_the_status_on_a_full_pass(tmp_path: Path) -> None:
@@ -127,7 +25,7 @@ def test_hands_off_slots_stay_in_the_status_on_a_full_pass(tmp_path: Path) -> No
     and a partial pass keeps what was known about it (its name and device)."""
     bench = Bench(tmp_path, fight_limit=1)
     slot = bench.slot("agent")
-    _fight_until_hands_off(bench, slot, "agent")
+    fight_until_hands_off(bench, slot, "agent")
     bench.changed(slot)
     partial = bench.status(slot)
     assert partial is not None, "a hands-off slot dropped out of the status on a partial pass"
@@ -161,7 +59,7 @@ def test_a_vanished_slot_leaves_the_status_and_the_fight_memory(tmp_path: Path) 
     fight is remembered: a new file at that path starts with a clean slate."""
     bench = Bench(tmp_path, fight_limit=1)
     slot = bench.slot("agent")
-    _fight_until_hands_off(bench, slot, "agent")
+    fight_until_hands_off(bench, slot, "agent")
     slot.unlink()
     bench.changed(slot)
     assert bench.status(slot) is None, "a vanished slot is still listed in the status"
@@ -275,7 +173,7 @@ def test_a_hands_off_slot_is_no_longer_fingerprinted(tmp_path: Path) -> None:
     before every pass (it is never relabelled while hands off)."""
     bench = Bench(tmp_path, fight_limit=1)
     slot = bench.slot("agent")
-    _fight_until_hands_off(bench, slot, "agent")
+    fight_until_hands_off(bench, slot, "agent")
     assert frozenset() == bench.passes.fights.tracked_keys(), (
         "a hands-off slot is still fingerprinted before each pass"
     )
@@ -488,7 +386,7 @@ def test_a_fight_released_is_said(tmp_path: Path) -> None:
 
     bench = Bench(tmp_path, fight_limit=1)
     slot = bench.slot("agent")
-    _fight_until_hands_off(bench, slot, "agent")
+    fight_until_hands_off(bench, slot, "agent")
     bench.slot("agent", port=9999)  # an operator edit: neither version of the fight
     with capture_logs() as logs:
         bench.changed(slot)

@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from watchdog.observers import Observer
+
 from hal0_reconciler.daemon.watch import Watcher
 from hal0_reconciler.daemon.workqueue import WorkKey
 from hal0_reconciler.slots import store
@@ -35,3 +37,11 @@ def watcher_on(
         wake=wake,
         **kwargs,
     )
+
+
+class UnfilteredObserver(Observer):  # type: ignore[misc, valid-type]
+    """The real observer without ``event_filter`` (like watchdog before 5.0, Debian 12's 2.2):
+    every opened and closed-without-writing event reaches the handlers."""
+
+    def schedule(self, event_handler: Any, path: str, *, recursive: bool = False) -> Any:
+        return super().schedule(event_handler, path, recursive=recursive)

@@ -43,3 +43,19 @@ def test_a_condition_that_is_one_comparison_is_not_also_negated() -> None:
     """`if a < b` flipped is `a >= b`; a separate `not (a < b)` would be the same mutant."""
     found = list(mutants_of("m.py", b"if a < b:\n    g()\n"))
     assert ["compare", "remove"] == sorted(m.kind for m in found)
+
+
+def test_the_equivalent_list_is_whole_entries_each_with_its_reason() -> None:
+    """equivalent.toml is merged as a union of lines (.gitattributes): a merge that glued two
+    entries into one (a lost ``[[equivalent]]``) no longer parses, or an entry lacks a field;
+    either would silently count a mutant as killed or survived wrongly."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).with_name("equivalent.toml")
+    text = path.read_text(encoding="utf-8")
+    entries = tomllib.loads(text)["equivalent"]
+    assert text.count("[[equivalent]]") == len(entries), "an entry was glued to another"
+    fields = {"module", "line", "mutation", "reason"}
+    broken = [e for e in entries if not fields <= set(e) or not set(e) <= fields | {"above"}]
+    assert [] == broken, f"entries without module, line, mutation and reason: {broken}"

@@ -149,9 +149,14 @@ class Worker(lifecycle.StartStop):
 
     def stop(self) -> None:
         self._queue.close()
-        self._thread.join(timeout=4.0)
+        self._thread.join(timeout=WORKER_STOP_WAIT)
         if self._thread.is_alive():  # say so: its file is left old (atomic writes), not torn
             log.warning("daemon.worker_abandoned", reason="a pass was still running at exit")
+
+
+WORKER_STOP_WAIT = 4.0
+"""Seconds a stop waits for a running pass. With the restarter's and the observer's waits it
+stays within the unit's TimeoutStopSec, so systemd never has to kill an orderly stop."""
 
 
 class Passes:

@@ -133,6 +133,10 @@ class WatchHealth:
     failures: dict[str, str] = field(default_factory=dict)
 
 
+OBSERVER_STOP_WAIT = 2.0
+"""Seconds a stop waits for watchdog's observer thread (it notices a stop within a second)."""
+
+
 class Watcher(lifecycle.StartStop):
     """Owns the observer and its watches. ``check`` is called from the main loop only."""
 
@@ -270,7 +274,7 @@ class Watcher(lifecycle.StartStop):
         if observer is not None:
             with contextlib.suppress(Exception):
                 observer.stop()
-            observer.join(timeout=5)
+            observer.join(timeout=OBSERVER_STOP_WAIT)
 
     def set_aiter_dirs(self, paths: Iterable[Path]) -> None:
         """Watch exactly these aiter folders (main thread; an unchanged set costs nothing)."""

@@ -210,6 +210,11 @@ class _Stop(enum.Enum):
     TOKEN = enum.auto()
 
 
+RESTARTER_STOP_WAIT = 2.0
+"""Seconds a stop waits for a restart in flight (an API call or systemctl is then abandoned:
+the slot is stopped or reloaded, or not, and the next start sees its state)."""
+
+
 class Restarter(lifecycle.StartStop):
     """A small worker thread applying restart requests, rate-limited per slot.
 
@@ -280,7 +285,7 @@ class Restarter(lifecycle.StartStop):
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, *, timeout: float = 4.0) -> None:
+    def stop(self, *, timeout: float = RESTARTER_STOP_WAIT) -> None:
         with self._cond:
             self._stop = _Stop.TOKEN
             self._cond.notify_all()
