@@ -187,6 +187,6 @@ def make_tree(tmp_path: Path) -> Callable[..., Tree]:
 @pytest.fixture
 def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Process scans see nothing (the test host's own compilers must not block heals)."""
-    from hal0_reconciler.aiter import heal
+    import psutil  # heal imports it when it scans
 
-    monkeypatch.setattr(heal.psutil, "process_iter", lambda *_a, **_k: iter(()))
+    monkeypatch.setattr(psutil, "process_iter", lambda *_a, **_k: iter(()))

@@ -275,3 +275,25 @@ def test_plan_exits_1_for_a_row_no_rebuild_fixes_and_json_names_it(tree, built_m
     assert [(str(table), line)] == [(b["table"], b["line"]) for b in ck["broken"]]
     code, text = _run(tree, "plan")
     assert f"broken row {table}:{line}" in text
+
+
+def test_plan_prints_its_findings_and_logs_none_of_them(tree):
+    """`aiter plan` in a new process prints every finding, an unreadable slot file too, and
+    logs none (the daemon logs them): no log line, and neither structlog nor psutil loaded."""
+    (tree.slots / "bad.toml").write_text("name = [unclosed\n")
+    code = (
+        "import sys\n"
+        "from hal0_reconciler import cli\n"
+        "rc = cli.main(sys.argv[1:])\n"
+        "print('loaded:', sorted(m for m in ('structlog', 'psutil') if m in sys.modules))\n"
+        "sys.exit(rc)\n"
+    )
+    argv = [sys.executable, "-c", code, "aiter", "plan", "--package-dir", str(tree.package),
+            "--jit-dir", str(tree.jit), "--target", "gfx950:256", "--state-dir", str(tree.state),
+            "--slots-dir", str(tree.slots)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert (2, "") == (proc.returncode, proc.stderr)
+    assert "! slot bad unreadable, its environment is not checked: " in proc.stdout
+    assert f"{BPS_CKTILE}: uncovered -> heal" in proc.stdout
+    assert proc.stdout.rstrip().endswith("loaded: []")

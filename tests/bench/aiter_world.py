@@ -35,7 +35,7 @@ root = Path(sys.argv[1])
 settings = Settings(slots_dir=root / "slots", state_dir=root / "state",
     aiter=AiterSettings(trees=(AiterTree(package_dir=root / "aiter", target="gfx950:256"),)))
 t = time.perf_counter()
-report = monitor.AiterMonitor(settings).check(heal=False)
+report = monitor.AiterMonitor(settings, log_findings=False).check(heal=False)  # as `aiter plan`
 print(time.perf_counter() - t)
 """
 
@@ -120,6 +120,14 @@ class AiterWorld:
         if done.returncode != 0:
             raise SystemExit(done.stderr.decode()[-2000:])
         return float(done.stdout.split()[-1])
+
+    def plan_argv(self) -> list[str]:
+        """``hal0-reconciler aiter plan`` over this tree, with its state dir."""
+        return [
+            sys.executable, "-m", "hal0_reconciler", "aiter", "plan",
+            "--package-dir", str(self.pkg), "--target", "gfx950:256",
+            "--state-dir", str(self.root / "state"), "--slots-dir", str(self.root / "slots"),
+        ]  # fmt: skip
 
     def upstream_preflight(self) -> float:
         """For every table: parse it, re-read each module it routes to, search every name."""

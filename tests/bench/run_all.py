@@ -383,6 +383,11 @@ def bench_aiter(_w: world_mod.World, size: int, repeats: int) -> list[Row]:
         ratio_of="",
         target="<= 100 ms",
     )
+    plan = Row(
+        "`aiter plan` in a new process, on-disk caches warm: CPU of the whole process "
+        "vs `python3 -c 'import tomllib'`",
+        target="-",
+    )
     with aiter_world.AiterWorld(mb=max(4, size // 25)) as aw:
         for _ in range(repeats):
             aw.drop_caches()
@@ -392,13 +397,47 @@ def bench_aiter(_w: world_mod.World, size: int, repeats: int) -> list[Row]:
             t_cold = aw.check_in_child()
             t_up = aw.upstream_preflight()
             t_warm = aw.check_in_child()
+            _, c_plan, done = timed_child(aw.plan_argv())
+            if done.returncode not in {0, 2}:
+                raise SystemExit(f"aiter plan failed: {done.stderr.decode()[-2000:]}")
+            _, c_base, _ = timed_child([sys.executable, "-c", "import tomllib"])
+            plan.ours.append(c_plan)
+            plan.base.append(c_base)
             cold.ours.append(t_cold)
             cold.base.append(t_read)
             upstream.ours.append(t_cold)
             upstream.base.append(t_up)
             warm.ours.append(t_warm)
         scan.note = f"{aw.describe()}; page cache warm for both"
-    return [scan, cold, upstream, warm]
+    return [scan, cold, upstream, warm, plan]
+
+
+def bench_restarter(_w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    """A flood of deferred restarts drained by the restarter's queue (``bench_restarter``)."""
+    import bench_restarter
+
+    sizes = (size, size * 10, size * 20)
+    rows = [
+        Row(
+            f"restarter drain, {n} deferred restarts pending (turns over "
+            f"{bench_restarter.INTERVAL:g} s): CPU vs the scanning queue",
+            note="the queue alone: unit states and restarts stubbed",
+        )
+        for n in sizes
+    ]
+    for _ in range(repeats):
+        for n, row in zip(sizes, rows, strict=True):
+            row.ours.append(bench_restarter.drain(n)[0])
+            row.base.append(bench_restarter.drain(n, scanning=True)[0])
+    per = Row(
+        f"restarter drain CPU per pending restart, {sizes[-1]} vs {sizes[0]} pending",
+        unit="us",
+        ratio_of=f"{sizes[-1] // size}x/1x",
+        target="flat (O(n log n))",
+    )
+    per.ours = [c / sizes[-1] for c in rows[-1].ours]
+    per.base = [c / sizes[0] for c in rows[0].ours]
+    return [*rows, per]
 
 
 BENCHES: dict[str, Callable[[world_mod.World, int, int], list[Row]]] = {
@@ -410,6 +449,7 @@ BENCHES: dict[str, Callable[[world_mod.World, int, int], list[Row]]] = {
     "ready": bench_ready,
     "plan": bench_plan_empty,
     "aiter": bench_aiter,
+    "restarter": bench_restarter,
 }
 
 

@@ -116,7 +116,9 @@ def test_a_hidden_process_table_never_reads_as_no_build_running(
     ninja = tmp_path / "ninja"
     ninja.write_bytes(Path("/bin/sleep").read_bytes())
     ninja.chmod(0o755)
-    monkeypatch.setattr(heal.psutil, "PROCFS_PATH", str(subset_pid_proc))
+    import psutil  # the module heal imports when it scans
+
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(subset_pid_proc))
     assert not (subset_pid_proc / "stat").exists()
     with subprocess.Popen([str(ninja), "30"], cwd=jit) as build:
         try:

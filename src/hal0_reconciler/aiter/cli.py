@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hal0_reconciler import console
-from hal0_reconciler.aiter import explain, heal, monitor, resolve, routing, tables
+from hal0_reconciler.aiter import heal, monitor, resolve, routing, tables
 from hal0_reconciler.settings import AiterTree, Settings
 
 EXIT_OK, EXIT_ERROR, EXIT_PENDING = 0, 1, 2
@@ -61,6 +61,8 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         return EXIT_ERROR
     if not settings.aiter.trees:
         if args.aiter_verb == "explain":
+            from hal0_reconciler.aiter import explain  # noqa: PLC0415 - only this verb uses it
+
             return explain.without_tree(args.text, settings, out)
         console.error("no aiter tree configured ([[aiter.trees]] or --package-dir)")
         return EXIT_ERROR
@@ -69,7 +71,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         console.error(f"aiter package folder {folder} does not exist or is not a folder")
     if missing:
         return EXIT_ERROR
-    mon = monitor.AiterMonitor(settings)
+    mon = monitor.AiterMonitor(settings, log_findings=False)  # the report says them all
     verb = args.aiter_verb
     if verb == "restore":
         try:
@@ -87,11 +89,16 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
             console.error(str(err))
         return EXIT_ERROR
     if verb == "explain":
+        from hal0_reconciler.aiter import explain  # noqa: PLC0415 - only this verb uses it
+
         return explain.with_tree(args.text, report, mon, out)
+    unreadable = {s.name: s.error for s in mon.surveyor.last_slots if s.error is not None}
     if verb == "plan" and args.json:
-        json.dump(_jsonable(report), out, indent=1)
+        json.dump({**_jsonable(report), "slots_unreadable": unreadable}, out, indent=1)
         out.write("\n")
     else:
+        for name, error in unreadable.items():
+            print(f"! slot {name} unreadable, its environment is not checked: {error}", file=out)
         _print_report(report, out)
     if (
         report.errors

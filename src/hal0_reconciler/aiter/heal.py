@@ -18,13 +18,14 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from hal0_reconciler import fsio
 from hal0_reconciler.aiter import plan
 from hal0_reconciler.errors import ReconcilerError
+
+if TYPE_CHECKING:
+    import psutil
 
 QUARANTINE_DIR = ".hal0-quarantine"
 MANIFEST = "manifest.json"
@@ -67,6 +68,8 @@ class ProcessScanUnavailable(ReconcilerError):
 
 def _processes(attrs: list[str]) -> list[psutil.Process]:
     """Every process psutil can see, with ``attrs`` fetched (unreadable ones are None)."""
+    import psutil  # noqa: PLC0415 - only a heal looks at processes (a plan never does)
+
     try:
         return list(psutil.process_iter(attrs))
     except (OSError, psutil.Error) as exc:
@@ -120,6 +123,8 @@ def mapped_by(paths: Iterable[Path]) -> dict[str, list[str]]:
     holders: dict[str, list[str]] = {}
     if not wanted:
         return holders
+    import psutil  # noqa: PLC0415 - see _processes
+
     for proc in _processes(["pid", "cmdline"]):
         try:
             maps = {m.path for m in proc.memory_maps(grouped=True)}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import stat
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from hal0_reconciler import fsio
@@ -53,7 +52,19 @@ def choose(book: rules.RuleBook, package_dir: Path) -> tuple[rules.Choice, Insta
 
 def rules_text() -> str:
     """The shipped rule sets (which aiter version reads its tables how)."""
-    return resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text("utf-8")
+    return shipped_text("rules.toml")
+
+
+def shipped_text(name: str) -> str:
+    """A data file shipped beside this module: read directly (importlib.resources and the
+    zipfile machinery it imports cost more than the read), through importlib when the package
+    is not a plain folder."""
+    try:
+        return Path(__file__).with_name(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        from importlib import resources  # noqa: PLC0415 - a zipped install only
+
+        return resources.files(__package__ or "").joinpath(name).read_text(encoding="utf-8")
 
 
 class Installs:
@@ -81,11 +92,12 @@ class Installs:
         return cached[1], cached[2]
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+def _stamp(path: Path) -> tuple[int, ...] | None:
     try:
-        return fsio.identity_of(path.stat())
+        st = path.stat()
     except OSError:
         return None
+    return (*fsio.identity_of(st), st.st_ctime_ns)  # ctime: a rewrite keeping size and mtime
 
 
 def _version(package_dir: Path, notes: list[str]) -> tuple[str | None, Path | None]:

@@ -56,10 +56,14 @@ class MonitorReport:
 
 
 class AiterMonitor:
-    """One per process. Holds the caches and the last verdicts between checks."""
+    """One per process. Holds the caches and the last verdicts between checks.
 
-    def __init__(self, settings: Settings) -> None:
+    ``log_findings=False`` (the one-shot CLI, which prints the whole report) logs only what is
+    done (heals, restores), not the findings: structlog is then never imported for a check."""
+
+    def __init__(self, settings: Settings, *, log_findings: bool = True) -> None:
         self.settings = settings
+        self.log_findings = log_findings
         self.state_dir = settings.state_dir / "aiter"
         self.surveyor = survey.Surveyor(settings, cache_file=self.state_dir / "registry.json")
         self._memory_file = self.state_dir / "heal-memory.json"
@@ -108,10 +112,11 @@ class AiterMonitor:
         errors = [h.error for h in heals if h.error]
         try:
             self.surveyor.registry.save()
-            self.surveyor.table_cache.save()
+            self.surveyor.sources.save()
         except OSError as exc:
             log.warning("aiter.registry_cache_unwritable", error=str(exc))
-        self._report(plans)
+        if self.log_findings:
+            self._report(plans)
         return MonitorReport(tuple(plans), tuple(heals), tuple(errors))
 
     def restore(self, qid: str) -> tuple[heal.Quarantine, heal.Quarantine | None]:

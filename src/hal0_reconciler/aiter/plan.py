@@ -56,10 +56,13 @@ class Broken:
 
 @dataclass
 class Needs:
-    """What the loaded tables ask of one module, sorted by what a rebuild can do about it."""
+    """What the loaded tables ask of one module, sorted by what a rebuild can do about it.
 
-    names: dict[str, list[Reference]] = field(default_factory=dict)  # looked up and compiled
-    unbuildable: dict[str, list[Reference]] = field(default_factory=dict)  # looked up only
+    A name's references are any sequence: lists when computed, lazily decoded ones when read
+    back from the derived cache (``needscache``; only a missing name's are ever looked at)."""
+
+    names: dict[str, Sequence[Reference]] = field(default_factory=dict)  # looked up, compiled
+    unbuildable: dict[str, Sequence[Reference]] = field(default_factory=dict)  # looked up only
     broken: list[Broken] = field(default_factory=list)
     merged_away: int = 0  # rows losing the duplicate-shape merge: never compiled, not needed
 
@@ -142,6 +145,8 @@ def module_needs(
     build for ``compiled`` provides, names looked up that no build row provides, broken rows.
     Rows losing the duplicate-shape merge (``losers``) and rows only compiled are not needed."""
     needs: dict[str, Needs] = {}
+    names: dict[str, dict[str, list[Reference]]] = {}  # module -> name -> refs
+    unbuildable: dict[str, dict[str, list[Reference]]] = {}
     apart = lookup != compiled
     built_names: dict[str, set[str]] = {}
     looked_up: list[tuple[tables.KernelRow, Reference]] = []
@@ -159,18 +164,20 @@ def module_needs(
                 needs.setdefault(row.module, Needs()).merged_away += 1
             elif not apart:  # every row read is for the one target: looked up and compiled
                 ref = Reference(src.file.path, row.line)
-                needs.setdefault(row.module, Needs()).names.setdefault(row.name, []).append(ref)
+                needs.setdefault(row.module, Needs())
+                names.setdefault(row.module, {}).setdefault(row.name, []).append(ref)
             else:
                 if row.on(compiled):
                     built_names.setdefault(row.module, set()).add(row.name)
                 if row.on(lookup):
                     looked_up.append((row, Reference(src.file.path, row.line)))
     for row, ref in looked_up:
-        need = needs.setdefault(row.module, Needs())
-        if row.name in built_names.get(row.module, set()):
-            need.names.setdefault(row.name, []).append(ref)
-        else:
-            need.unbuildable.setdefault(row.name, []).append(ref)
+        needs.setdefault(row.module, Needs())
+        into = names if row.name in built_names.get(row.module, set()) else unbuildable
+        into.setdefault(row.module, {}).setdefault(row.name, []).append(ref)
+    for module, need in needs.items():
+        need.names.update(names.get(module, {}))
+        need.unbuildable.update(unbuildable.get(module, {}))
     return needs
 
 

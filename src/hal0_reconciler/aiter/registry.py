@@ -6,8 +6,9 @@ in ``..._1_aqrm``), the start need not (linkers merge a string into the tail of 
 
 One pass over the file collects every printable NUL-terminated run; each queried name is then a
 set lookup (exact) or a bisect over the reversed runs (tail). Answers are remembered per file
-identity ``(dev, inode, size, mtime_ns)`` in a JSON file in the state directory, so an unchanged
-tree costs one ``stat`` per module; a file is read again only when it changed or when names it
+identity ``(dev, inode, size, mtime_ns, ctime_ns)`` in a JSON file in the state directory, so an
+unchanged tree costs one ``stat`` per module (the ctime, which no one can set, shows a rewrite
+that kept size and mtime); a file is read again only when it changed or when names it
 was never asked about appear (the tables changed).
 """
 
@@ -28,10 +29,15 @@ from hal0_reconciler.aiter import namescan
 
 _RUN = re.compile(rb"[\x20-\x7e]+\x00")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
-Identity = tuple[int, int, int, int]
-"""(st_dev, st_ino, st_size, st_mtime_ns): a file is re-read only when this changes."""
+Identity = tuple[int, int, int, int, int]
+"""(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file is re-read only when this
+changes."""
+
+
+def identity_of(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ class Registry:
             st = path.stat()
         except FileNotFoundError:
             return None
-        ident = fsio.identity_of(st)
+        ident = identity_of(st)
         key = str(path)
         cached = self._entries.get(key)
         known: dict[str, bool] = (
@@ -113,8 +119,8 @@ class Registry:
             else:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                     answer = registered_in(mm, unknown)
-            after = fsio.identity_of(os.fstat(fh.fileno()))
-        if after == ident and fsio.identity_of(path.stat()) == ident:
+            after = identity_of(os.fstat(fh.fileno()))
+        if after == ident and identity_of(path.stat()) == ident:
             known.update(answer)
             self._entries[key] = (ident, known)
             self._dirty = True
@@ -159,8 +165,8 @@ class Registry:
             return
         for key, entry in modules.items():
             try:
-                a, b, c, d = (int(x) for x in entry["identity"])
+                a, b, c, d, e = (int(x) for x in entry["identity"])
                 names = {str(n): bool(v) for n, v in entry["names"].items()}
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
-            self._entries[str(key)] = ((a, b, c, d), names)
+            self._entries[str(key)] = ((a, b, c, d, e), names)

@@ -2,14 +2,18 @@
 
 The I/O side of planning: slot files, ``model_configs/`` listings, tables (read once per change),
 module registries (through the cache), the KFD topology. Decisions are ``plan.decide``'s.
+
+Per environment, the table reads a plan needs are listed here (``sources.Read``) and turned
+into the plan's sources, merges and needs by ``sources.Sources`` (no table decoded when nothing
+changed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path, PurePath
+from pathlib import Path
 
 from hal0_reconciler import fsio
 from hal0_reconciler.aiter import (
@@ -18,6 +22,7 @@ from hal0_reconciler.aiter import (
     registry,
     resolve,
     routing,
+    sources,
     tablecache,
     tables,
     target,
@@ -27,8 +32,6 @@ from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store
 
 _FileKey = tuple[str, tuple[int, int, int, int]]
-_TableKey = tuple[_FileKey, str, frozenset[tables.Target], tuple[str, ...]]
-_Merged = tuple[dict[PurePath, frozenset[int]], int]
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,7 @@ def routing_text(settings: Settings) -> str:
     """The routing data: the operator's file when set, else the one shipped in this package."""
     if settings.aiter.routing_file is not None:
         return settings.aiter.routing_file.read_text(encoding="utf-8")
-    return (
-        resources.files("hal0_reconciler.aiter")
-        .joinpath("routing.toml")
-        .read_text(encoding="utf-8")
-    )
+    return installed.shipped_text("routing.toml")
 
 
 TARGET_VARIABLES = frozenset({"GPU_ARCHS", "CU_NUM"})
@@ -100,21 +99,22 @@ class Surveyor:
     def __init__(self, settings: Settings, *, cache_file: Path | None) -> None:
         self.settings = settings
         self.registry = registry.Registry(cache_file)
-        # parsed tables survive a restart (a check in a new process parses what changed)
-        self.table_cache = tablecache.TableCache(
-            None if cache_file is None else cache_file.with_name("tables.json")
-        )
-        self.table_reads = 0
-        self._tables: dict[_TableKey, plan.TableSource] = {}
+        # parsed tables and what they ask of each module survive a restart (a check in a new
+        # process with nothing changed reads needs.json and stats its inputs)
+        self.sources = sources.Sources(None if cache_file is None else cache_file.parent)
+        self.table_cache = self.sources.table_cache
+        self.needs_cache = self.sources.needs_cache
         self.installs = installed.Installs()
         self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
-        self._merges: dict[tuple[object, ...], _Merged] = {}
-        self._needs: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
-        self._needs_used: dict[tuple[object, ...], dict[str, plan.Needs]] = {}
-        self._merges_used: dict[tuple[object, ...], _Merged] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
+        self._routing_key = ""
         self.last_slots: list[SlotEnv] = []
+
+    @property
+    def table_reads(self) -> int:
+        """Tables parsed since start (tests and the benchmark count these)."""
+        return self.sources.table_reads
 
     def kfd(self) -> tuple[frozenset[tables.Target], str | None]:
         if self._kfd is None:
@@ -147,16 +147,14 @@ class Surveyor:
     ) -> list[plan.EnvPlan]:
         """Plan every environment of every tree. Reads only what changed since the last call."""
         slots = self.slot_envs()
-        used: dict[_TableKey, plan.TableSource] = {}
+        self.sources.next_survey()
         plans: list[plan.EnvPlan] = []
         modules_seen: list[Path] = []
+        self._routing_key = hashlib.sha256(repr(rules).encode()).hexdigest()
         for tree in self.settings.aiter.trees:
             for environment in environments(tree, slots):
-                env_plan = self._plan_env(environment, rules, memory, used, modules_seen)
+                env_plan = self._plan_env(environment, rules, memory, modules_seen)
                 plans.append(env_plan)
-        self._tables = used
-        self._merges, self._merges_used = self._merges_used, {}
-        self._needs, self._needs_used = self._needs_used, {}
         self.registry.forget_missing(modules_seen)
         return plans
 
@@ -165,7 +163,6 @@ class Surveyor:
         environment: Environment,
         rules_in: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
-        used: dict[_TableKey, plan.TableSource],
         modules_seen: list[Path],
     ) -> plan.EnvPlan:
         tree, env = environment.tree, environment.env
@@ -192,32 +189,22 @@ class Surveyor:
         )
         problems = [*found.notes, *(p for r in resolutions for p in r.problems)]
         checked = choice.error is None and bool(choice.targets)
-        sources: list[plan.TableSource] = []
+        found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
-            losers: dict[PurePath, frozenset[int]] = {}
-            for res in resolutions:
-                feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
-                if not (res.route.compiled or feeds):
-                    continue
-                keys = self._merge_keys(configs, res.route.stem) if res.merged else ()
-                read = [self._table(f, res.route, choice.targets, used, keys) for f in res.loaded]
-                if res.route.compiled:
-                    sources.extend(read)
-                if keys:
-                    lost, in_dups = self._merge(read, (str(choice), *keys))
-                    losers.update(lost)
-                    problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
-                for reg in feeds:
-                    for f in res.loaded:
-                        src = self._table(f, reg.route, choice.targets, used, ())
-                        if src.table is not None and (src.table.rows or src.table.broken):
-                            sources.append(src)  # only files with rows of its libtype
-            for reg in rules_in.registries:
-                sources.extend(
-                    self._table(f, reg.route, choice.targets, used, ())
-                    for f in _fixed_files(configs, reg.files)
-                )
+            reads, merged = self._reads(resolutions, rules_in, configs)
+            context = (
+                str(choice),
+                sorted(choice.lookup),
+                sorted(choice.compiled),
+                repr(ruleset),
+                found.version,
+            )
+            found_sources, merges, needs = self.sources.derive(
+                reads, len(merged), choice, context, self._routing_key
+            )
+            for res, (lost, in_dups) in zip(merged, merges, strict=True):
+                problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
             if choice.why_apart:
                 problems.append(
                     f"{choice.why_apart}: rows only looked up are never compiled and never "
@@ -225,11 +212,11 @@ class Surveyor:
                 )
             modules = self._module_plans(
                 jit,
-                sources,
+                found_sources,
                 rules=rules_in,
                 memory=memory,
                 choice=choice,
-                losers=losers,
+                needs=needs,
                 modules_seen=modules_seen,
             )
         else:
@@ -240,7 +227,7 @@ class Surveyor:
             jit,
             str(choice),
             resolutions,
-            tuple(sources),
+            tuple(found_sources),
             tuple(modules),
             tuple(problems),
             checked=checked,
@@ -249,18 +236,38 @@ class Surveyor:
             rules_note=chosen.note,
         )
 
-    def _merge(
-        self, read: list[plan.TableSource], context: tuple[str, ...]
-    ) -> tuple[dict[PurePath, frozenset[int]], int]:
-        """The duplicate-shape merge of ``read`` (in order), computed once per change of them
-        (``context``: the targets and key columns they were read for)."""
-        files = [(s.file.path, s.table) for s in read if s.table is not None]
-        key = (context, *((str(path), table.digest) for path, table in files))
-        found = self._merges.get(key)
-        if found is None:
-            found = plan.merge_losers(files)
-        self._merges_used[key] = found
-        return found
+    def _reads(
+        self,
+        resolutions: tuple[resolve.Resolution, ...],
+        rules_in: routing.Routing,
+        configs: Path,
+    ) -> tuple[list[sources.Read], list[resolve.Resolution]]:
+        """The table reads a plan needs, in plan order, and the resolutions aiter merges."""
+        reads: list[sources.Read] = []
+        merged: list[resolve.Resolution] = []
+        for res in resolutions:
+            feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
+            if not (res.route.compiled or feeds):
+                continue
+            keys = self._merge_keys(configs, res.route.stem) if res.merged else ()
+            group = -1
+            if keys:
+                group = len(merged)
+                merged.append(res)
+            part = sources.Part.SOURCE if res.route.compiled else sources.Part.MERGE
+            reads.extend(sources.Read(f, res.route, keys, part, group) for f in res.loaded)
+            # an id-keyed module's rows: a source only when the file has rows of its libtype
+            reads.extend(
+                sources.Read(f, reg.route, (), sources.Part.FEED, -1)
+                for reg in feeds
+                for f in res.loaded
+            )
+        for reg in rules_in.registries:
+            reads.extend(
+                sources.Read(f, reg.route, (), sources.Part.SOURCE, -1)
+                for f in _fixed_files(configs, reg.files)
+            )
+        return reads, merged
 
     def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
         """aiter's duplicate-merge keys: the untuned sibling's columns + cu_num + gfx; none
@@ -290,21 +297,10 @@ class Surveyor:
         rules: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
         choice: target.TargetChoice,
-        losers: dict[PurePath, frozenset[int]],
+        needs: dict[str, plan.Needs],
         modules_seen: list[Path],
     ) -> list[plan.ModulePlan]:
         """The verdict for every module the tables need, from what each ``.so`` registered."""
-        key = (
-            str(choice),
-            *((str(s.file.path), s.route.stem, s.table.digest) for s in sources if s.table),
-            *sorted((str(p), tuple(sorted(lines))) for p, lines in losers.items()),
-        )
-        needs = self._needs.get(key)
-        if needs is None:  # an unchanged tree costs no pass over its rows
-            needs = plan.module_needs(
-                sources, lookup=choice.lookup, compiled=choice.compiled, losers=losers
-            )
-        self._needs_used[key] = needs
         modules: list[plan.ModulePlan] = []
         for module in sorted(needs):
             so = jit / f"{module}.so"
@@ -346,47 +342,10 @@ class Surveyor:
             )
         return modules
 
-    def _table(
-        self,
-        file: resolve.ResolvedFile,
-        route: routing.TableRoute,
-        targets: frozenset[tables.Target],
-        used: dict[_TableKey, plan.TableSource],
-        keys: tuple[str, ...],
-    ) -> plan.TableSource:
-        path = Path(file.path)
-        try:
-            st = path.stat()
-        except OSError as exc:
-            return plan.TableSource(file, route, error=exc.strerror or str(exc))
-        identity = fsio.identity_of(st)
-        key = ((str(path), identity), route.stem, targets, keys)
-        cached = used.get(key) or self._tables.get(key)
-        disk_key = tablecache.key_of(path, identity, route, targets, keys)
-        if cached is None and (on_disk := self.table_cache.get(disk_key)) is not None:
-            cached = plan.TableSource(file, route, table=on_disk)
-        if cached is None:
-            try:
-                read_at = tablecache.now_ns()
-                data = path.read_bytes()
-                self.table_reads += 1
-                table = tables.parse_table(data, route=route, targets=targets, key_columns=keys)
-                cached = plan.TableSource(file, route, table=table)
-                if tablecache.settled(st, read_at_ns=read_at) and len(data) == st.st_size:
-                    self.table_cache.put(disk_key, table)
-            except OSError as exc:
-                cached = plan.TableSource(file, route, error=exc.strerror or str(exc))
-            except tables.TableUnreadable as exc:
-                cached = plan.TableSource(file, route, error=str(exc))
-        elif cached.file != file:
-            cached = plan.TableSource(file, route, cached.table, cached.error)
-        used[key] = cached
-        return cached
 
-
-def _identity(path: Path) -> tuple[int, int, int, int] | None:
+def _identity(path: Path) -> tablecache.Stamp | None:
     try:
-        return fsio.identity_of(path.stat())
+        return tablecache.stamp_of(path.stat())
     except OSError:
         return None
 

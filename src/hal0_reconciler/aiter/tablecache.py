@@ -1,11 +1,16 @@
 """Parsed tuned tables kept on disk, so a check in a new process parses only what changed.
 
-An entry is keyed by the table's path and identity ``(dev, inode, size, mtime_ns)``, the route
+An entry is keyed by the table's path and stamp ``(dev, inode, size, mtime_ns, ctime_ns)``
+(the ctime: no one can set it, so an edit that restores size and mtime still shows), the route
 it was read for (its full definition, hashed) and the targets; it holds exactly what
 ``tables.parse_table`` returned. Only *settled* reads are stored: a table whose ctime was less
 than ``SETTLED_NS`` before the read could be rewritten within the same clock tick with an equal
-identity, so it is parsed again next time. The file carries this package's version: another
+stamp, so it is parsed again next time. The file carries this package's version: another
 version's parser may read tables differently, so its entries are dropped.
+
+The file is read only when an entry is first asked for: a check whose derived result is known
+(``needscache``) never reads it, and its tables' rows are decoded only if someone looks at them
+(``LazyTable``).
 """
 
 from __future__ import annotations
@@ -15,21 +20,27 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import __version__, fsio
 from hal0_reconciler.aiter import routing, tables
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 SETTLED_NS = 1_000_000_000
 
-Identity = tuple[int, int, int, int]
+Stamp = tuple[int, int, int, int, int]
+"""(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)."""
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def key_of(
     path: Path,
-    identity: Identity,
+    identity: Stamp,
     route: routing.TableRoute,
     targets: frozenset[tables.Target],
     key_columns: tuple[str, ...] = (),
@@ -66,20 +77,77 @@ def settled(st: os.stat_result, *, read_at_ns: int) -> bool:
     return st.st_ctime_ns < read_at_ns - SETTLED_NS
 
 
+class LazyTable(tables.Table):
+    """A table whose summary is known (digest, counts, quirks, broken rows) and whose rows and
+    shapes are fetched by ``load`` when first looked at. ``load`` returns the whole table, or
+    None when it cannot be had any more (the rows are then empty)."""
+
+    def __init__(
+        self,
+        *,
+        digest: str,
+        data_rows: int,
+        other_target_rows: int,
+        uncompiled_rows: int,
+        quirks: tuple[str, ...],
+        broken: tuple[tables.BrokenRow, ...],
+        load: Callable[[], tables.Table | None],
+    ) -> None:
+        for name, value in (
+            ("digest", digest),
+            ("data_rows", data_rows),
+            ("other_target_rows", other_target_rows),
+            ("uncompiled_rows", uncompiled_rows),
+            ("quirks", quirks),
+            ("broken", broken),
+            ("_load", load),
+            ("_heavy", None),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property  # a field of tables.Table, read-only here
+    def rows(self) -> tuple[tables.KernelRow, ...]:
+        return self._loaded()[0]
+
+    @property
+    def shapes(self) -> tuple[tables.Shape, ...]:
+        return self._loaded()[1]
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the rows were fetched (tests and the benchmark look)."""
+        return self.__dict__["_heavy"] is not None
+
+    def _loaded(self) -> tuple[tuple[tables.KernelRow, ...], tuple[tables.Shape, ...]]:
+        heavy: tuple[tuple[tables.KernelRow, ...], tuple[tables.Shape, ...]] | None
+        heavy = self.__dict__["_heavy"]
+        if heavy is None:
+            full = self.__dict__["_load"]()
+            heavy = ((), ()) if full is None else (full.rows, full.shapes)
+            object.__setattr__(self, "_heavy", heavy)
+        return heavy
+
+
 class TableCache:
-    """Entries from ``path`` (None: memory only); ``save`` writes them when they changed."""
+    """Entries from ``path`` (None: memory only); ``save`` writes them when they changed.
+
+    The file is read at the first ``get`` or ``put``; ``keep`` marks an entry as still in use
+    without reading it (its table's derived result was used instead)."""
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
         self._entries: dict[str, Any] = {}
         self._used: set[str] = set()
         self._dirty = False
-        if path is not None:
-            self._load(path)
+        self._loaded = path is None
+
+    def keep(self, key: str) -> None:
+        self._used.add(key)
 
     def get(self, key: str) -> tables.Table | None:
         if not ENABLED:
             return None
+        self._load()
         raw = self._entries.get(key)
         if raw is None:
             return None
@@ -95,12 +163,18 @@ class TableCache:
     def put(self, key: str, table: tables.Table) -> None:
         if not ENABLED:
             return
+        self._load()
         self._entries[key] = _encode(table)
         self._used.add(key)
         self._dirty = True
 
     def save(self) -> None:
-        """Keep the entries used since the last save; write when anything changed. OSError."""
+        """Keep the entries used since the last save; write when anything changed. OSError.
+
+        Not read: nothing was added, and nothing is dropped (the entries kept are unknown)."""
+        if not self._loaded:
+            self._used = set()
+            return
         stale = self._entries.keys() - self._used
         if stale:
             for key in stale:
@@ -113,9 +187,12 @@ class TableCache:
         fsio.write_json(self._path, payload, separators=(",", ":"))
         self._dirty = False
 
-    def _load(self, path: Path) -> None:
+    def _load(self) -> None:
+        if self._loaded or self._path is None:
+            return
+        self._loaded = True
         try:
-            raw = json.loads(path.read_bytes())
+            raw = json.loads(self._path.read_bytes())
         except (OSError, ValueError):
             return  # absent or unreadable: everything is parsed again
         if (

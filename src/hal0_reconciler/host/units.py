@@ -11,6 +11,7 @@ on the :class:`Restarter` thread, so the main loop never waits on an HTTP server
 from __future__ import annotations
 
 import enum
+import heapq
 import json
 import threading
 import time
@@ -220,12 +221,19 @@ class Restarter(lifecycle.StartStop):
     ``submit`` never blocks. A request for a slot restarted less than ``restart_min_interval``
     ago waits until its turn; several such requests are one restart. A context manager that
     stops and joins the thread on exit.
+
+    The due times are also kept in a heap of ``(due, token)``, so taking what is due and finding
+    the next due time cost O(log n) per request, whatever the number pending (a flood of
+    deferred restarts is O(n log n), not a scan of every pending request per wake-up). An entry
+    whose token is no longer pending at that due time is stale and skipped; the heap is rebuilt
+    when stale entries outnumber live ones.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[float, RestartRequest]] = {}  # token -> (due, request)
+        self._dues: list[tuple[float, str]] = []  # heap of (due, token), stale entries included
         self._last: dict[str, float] = {}  # token -> monotonic time of the last action
         self._pruned_at = 0.0
         self._stop: _Stop | None = None
@@ -252,7 +260,13 @@ class Restarter(lifecycle.StartStop):
                     due_in=round(due - now, 1),
                     reason="restarted less than restart_min_interval ago",
                 )
+            known = self._pending.get(request.token)
             self._pending[request.token] = (due, request)
+            if known is None or known[0] != due:
+                heapq.heappush(self._dues, (due, request.token))
+                if len(self._dues) > 2 * len(self._pending) + 64:  # mostly stale: rebuild
+                    self._dues = [(d, t) for t, (d, _) in self._pending.items()]
+                    heapq.heapify(self._dues)
             self._cond.notify_all()
 
     def pending(self) -> dict[str, float]:
@@ -290,18 +304,31 @@ class Restarter(lifecycle.StartStop):
                     interval = self._settings.restart_min_interval
                     self._last = {t: at for t, at in self._last.items() if now - at < interval}
                     self._pruned_at = now
-                due = sorted((d, t) for t, (d, _) in self._pending.items() if d <= now)
-                if due:
-                    requests = []
-                    for _, token in due:
-                        _, request = self._pending.pop(token)
-                        self._previous[token] = self._last.get(token)
-                        self._last[token] = now  # a request arriving meanwhile waits its turn
-                        requests.append(request)
+                requests = []
+                while self._dues and self._dues[0][0] <= now:  # in (due, token) order
+                    due, token = heapq.heappop(self._dues)
+                    known = self._pending.get(token)
+                    if known is None or known[0] != due:
+                        continue  # stale: taken already, or due at another time
+                    del self._pending[token]
+                    self._previous[token] = self._last.get(token)
+                    self._last[token] = now  # a request arriving meanwhile waits its turn
+                    requests.append(known[1])
+                if requests:
                     self._busy_since = now
                     return requests, self._settings
-                soonest = min((d for d, _ in self._pending.values()), default=None)
+                soonest = self._soonest()
                 self._cond.wait(None if soonest is None else max(0.01, soonest - now))
+
+    def _soonest(self) -> float | None:
+        """The next due time (stale heap entries on top are dropped). Holds ``_cond``."""
+        while self._dues:
+            due, token = self._dues[0]
+            known = self._pending.get(token)
+            if known is not None and known[0] == due:
+                return due
+            heapq.heappop(self._dues)
+        return None
 
     def _run(self) -> None:
         while True:
