@@ -8,14 +8,12 @@ import os
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import structlog.testing
 
 from hal0_reconciler import fsio
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
-from hal0_reconciler.slots import document, seen
 from helpers.hal0_tree import Hal0Tree
 from helpers.hosts import ROCM_UNUSABLE, ROCM_USABLE
 
@@ -29,28 +27,6 @@ def _fill(folder: Path, count: int) -> list[Path]:
         path.write_text(SLOT.format(name=f"s{n}", n=n))
         paths.append(path)
     return paths
-
-
-@pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every slot parse, by file stem."""
-    calls: list[str] = []
-    real = document.parse_slot
-
-    def counting(text: str, *, stem: str, **options: Any) -> document.SlotDoc:
-        calls.append(stem)
-        return real(text, stem=stem, **options)
-
-    monkeypatch.setattr(document, "parse_slot", counting)
-    return calls
-
-
-@pytest.fixture
-def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read counts as settled when the file's ctime is older than the read at all (the real
-    margin is a second: tests would have to sleep)."""
-    monkeypatch.setattr(seen, "SETTLED_NS", 0)
-    time.sleep(0.02)  # the files written just before are older than the first read
 
 
 def test_an_unchanged_file_is_not_parsed_again(

@@ -23,7 +23,7 @@ import structlog.testing
 from hal0_reconciler import fsio
 from hal0_reconciler.model import HostFacts, Verdict
 from hal0_reconciler.reconcile import Outcome, OutcomeStatus, Reconciler, slot_key
-from hal0_reconciler.slots import document, policy, seen, store
+from hal0_reconciler.slots import document, policy, store
 from hal0_reconciler.state import DemotionLedger
 from helpers.daemon_host import slot_text
 from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
@@ -153,28 +153,6 @@ def test_a_folder_that_cannot_be_synced_fails_only_the_files_written_into_it(
 
 
 # -- what is remembered of each file between passes ----------------------------------------------
-@pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every slot parse, by file stem."""
-    calls: list[str] = []
-    real = document.parse_slot
-
-    def counting(text: str, *, stem: str, **options: Any) -> document.SlotDoc:
-        calls.append(stem)
-        return real(text, stem=stem, **options)
-
-    monkeypatch.setattr(document, "parse_slot", counting)
-    return calls
-
-
-@pytest.fixture
-def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read counts as settled when the file's ctime is older than the read at all (the real
-    margin is a second: tests would have to sleep)."""
-    monkeypatch.setattr(seen, "SETTLED_NS", 0)
-    time.sleep(0.02)  # the files written just before are older than the first read
-
-
 def _kept_of(names: set[str]) -> int:
     """Parses and outcomes of the slot files called ``names`` still alive anywhere."""
     gc.collect()
