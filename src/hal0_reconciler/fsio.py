@@ -71,6 +71,7 @@ class PendingWrite:
     path: Path
     tmp: Path
     fd: int
+    stat: os.stat_result  # the temp file's, once written (its ctime moves at the rename)
 
 
 def begin_write(
@@ -85,7 +86,6 @@ def begin_write(
     ``mode`` and owner. ``commit_writes`` finishes it; on any error here the temp is removed."""
     tmp = temp_path_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    pending = PendingWrite(path, tmp, fd)
     try:
         for chunk in [data] if isinstance(data, bytes) else data:
             view = memoryview(chunk)
@@ -94,18 +94,22 @@ def begin_write(
         if uid is not None or gid is not None:
             os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
         os.fchmod(fd, mode)
+        return PendingWrite(path, tmp, fd, os.fstat(fd))
     except BaseException:
-        abandon(pending)
+        _discard(fd, tmp)
         raise
-    return pending
 
 
 def abandon(pending: PendingWrite) -> None:
     """Give up a pending write: its temp file is closed and removed, the target untouched."""
+    _discard(pending.fd, pending.tmp)
+
+
+def _discard(fd: int, tmp: Path) -> None:
     with contextlib.suppress(OSError):
-        os.close(pending.fd)
+        os.close(fd)
     with contextlib.suppress(OSError):
-        os.unlink(pending.tmp)
+        os.unlink(tmp)
 
 
 def commit_writes(pending: Sequence[PendingWrite]) -> list[OSError | None]:

@@ -134,7 +134,6 @@ class _Ready:
     edit: edit.EditResult
     pending: fsio.PendingWrite
     data: bytes  # what the temp file holds
-    stat: os.stat_result  # the temp file's stat: the written file is not a settled read
 
 
 _UNREAD = object()  # the profiles file has not been read yet
@@ -435,18 +434,19 @@ class Reconciler:
         file instead, and the next look reads and parses what is there."""
         key, path = r.write.key, r.write.path
         demoted = key in self._ledger
+        parsed = r.edit.data
         try:
-            if r.edit.data is None:
-                raise ValueError("the edit's parse is not known")  # noqa: TRY301 - forget it
+            if parsed is None:  # the editor always gives it; without it, nothing is remembered
+                raise errors.SlotParseError("the edit's parse is not known")  # noqa: TRY301
             doc = document.from_checked_parse(
-                r.edit.text, r.edit.data, stem=path.stem, limits=self._limits
+                r.edit.text, parsed, stem=path.stem, limits=self._limits
             )
             verdict = self._decide(doc, facts, demoted=demoted)
         except Exception:  # over a limit now, or anything else: read and parsed next time
             self._seen.forget(key)
             return
-        self._seen.remember(
-            key, r.data, r.stat, doc, verdict, read_at_ns=time.time_ns(), demoted=demoted
+        self._seen.remember(  # the temp file's stat: what was written is not a settled read
+            key, r.data, r.pending.stat, doc, verdict, read_at_ns=time.time_ns(), demoted=demoted
         )
 
     def _prepare(self, w: _Write, facts: HostFacts) -> Outcome | _Ready:
@@ -474,12 +474,7 @@ class Reconciler:
             pending = store.begin_replace(w.path, data, like=slot_file.stat)
         except Exception as exc:  # refused, failed, or anything the editor raised
             return _write_failed(w.key, w.path, doc, verdict, exc)
-        try:
-            written = os.fstat(pending.fd)  # the new file's stat (its ctime moves at the rename)
-        except BaseException:
-            fsio.abandon(pending)
-            raise
-        return _Ready(w, doc, verdict, made, pending, data, written)
+        return _Ready(w, doc, verdict, made, pending, data)
 
     def _read_and_decide(
         self, path: Path, key: SlotKey, facts: HostFacts, *, fresh: bool

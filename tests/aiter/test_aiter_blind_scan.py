@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hal0_reconciler.aiter import heal
@@ -14,7 +15,7 @@ from hal0_reconciler.aiter import heal
 def no_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """psutil looking at a /proc that is not mounted (a bare container, a broken sandbox)."""
     absent = tmp_path / "proc"
-    monkeypatch.setattr(heal.psutil, "PROCFS_PATH", str(absent))
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(absent))  # the module heal imports to scan
     return absent
 
 
