@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import structlog.testing
 
 from hal0_reconciler import fsio
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
-from hal0_reconciler.slots import store
+from hal0_reconciler.slots import seen, store
 from helpers.daemon_host import slot_text
 from helpers.hosts import ROCM_USABLE
 
@@ -105,3 +106,18 @@ def test_a_write_that_fails_is_a_write_failure_and_loses_nothing(
     assert "No space left on device" in (outcome.message or "")
     assert before == agent.read_bytes()
     assert ["slot.write_failed"] == [e["event"] for e in logs]
+
+
+def test_a_slot_found_done_under_the_lock_keeps_its_outcome_for_the_next_pass(
+    agent, make_settings, writer_before_us, monkeypatch: pytest.MonkeyPatch
+):
+    """Another writer set gpu-rocm while we waited: the next pass gives back that very outcome
+    (nothing to re-report, no status entry to render again), as for any unchanged file."""
+    monkeypatch.setattr(seen, "SETTLED_NS", 0)  # a read is settled at once (no second's wait)
+    writer_before_us(lambda: agent.write_text(slot_text("agent", "gpu-rocm", port=9999)))
+    engine = Reconciler(make_settings())
+    (first,) = engine.reconcile(ROCM_USABLE).outcomes
+    time.sleep(0.01)  # the next look is later than the file's last change
+    (again,) = engine.reconcile(ROCM_USABLE).outcomes
+    assert OutcomeStatus.UNCHANGED is first.status
+    assert first is again, "the outcome of a file found done under the lock was not kept"
