@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import units
 from helpers.daemon_host import wait_until
-from helpers.fake_systemctl import FakeSystemctl
+from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api
 
 
@@ -23,17 +23,7 @@ def _settings(
     tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api, interval: float
 ) -> settings_mod.Settings:
     return settings_mod.load(
-        None,
-        {
-            "slots_dir": str(tmp_path / "slots"),
-            "state_dir": str(tmp_path / "state"),
-            "runtime_dir": str(tmp_path / "run"),
-            "systemctl": str(systemctl.path),
-            "api_url": api.url,
-            "api_env_file": str(tmp_path / "api.env"),
-            "api_timeout": 5,
-            "restart_min_interval": interval,
-        },
+        None, {**_overrides(tmp_path, systemctl, api), "restart_min_interval": interval}
     )
 
 
@@ -156,15 +146,7 @@ def test_a_waiting_restart_follows_its_due_time_when_the_interval_changes(
 
 
 def _overrides(tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api) -> dict[str, object]:
-    return {
-        "slots_dir": str(tmp_path / "slots"),
-        "state_dir": str(tmp_path / "state"),
-        "runtime_dir": str(tmp_path / "run"),
-        "systemctl": str(systemctl.path),
-        "api_url": api.url,
-        "api_env_file": str(tmp_path / "api.env"),
-        "api_timeout": 5,
-    }
+    return restarter_overrides(tmp_path, api.url, systemctl.path)
 
 
 def test_a_deferred_restart_is_said_once_with_its_wait(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import units
 from helpers.daemon_host import wait_until
-from helpers.fake_systemctl import FakeSystemctl
+from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api
 
 UNIT = "hal0-slot@agent.service"
@@ -15,19 +15,8 @@ AGENT = units.RestartRequest(name="agent", token="agent")
 
 
 def _settings(tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api) -> settings_mod.Settings:
-    return settings_mod.load(
-        None,
-        {
-            "slots_dir": str(tmp_path / "slots"),
-            "state_dir": str(tmp_path / "state"),
-            "runtime_dir": str(tmp_path / "run"),
-            "systemctl": str(systemctl.path),
-            "api_url": api.url,
-            "api_env_file": str(tmp_path / "api.env"),
-            "api_timeout": 2,
-            "restart_min_interval": 60,
-        },
-    )
+    overrides = restarter_overrides(tmp_path, api.url, systemctl.path, api_timeout=2)
+    return settings_mod.load(None, {**overrides, "restart_min_interval": 60})
 
 
 def test_an_inactive_slot_does_not_count_against_the_interval(tmp_path: Path) -> None:

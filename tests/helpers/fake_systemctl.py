@@ -50,3 +50,18 @@ class FakeSystemctl:
     def actions(self) -> list[list[str]]:
         """Every call except ``is-active`` look-ups."""
         return [c for c in self.calls() if c[:1] != ["is-active"]]
+
+
+def restarter_overrides(
+    tmp_path: Path, api_url: str, systemctl: Path, *, api_timeout: float = 5
+) -> dict[str, object]:
+    """Settings for a Restarter in ``tmp_path`` that talks to a test's hal0 API and systemctl."""
+    return {
+        "slots_dir": str(tmp_path / "slots"),
+        "state_dir": str(tmp_path / "state"),
+        "runtime_dir": str(tmp_path / "run"),
+        "systemctl": str(systemctl),
+        "api_url": api_url,
+        "api_env_file": str(tmp_path / "api.env"),
+        "api_timeout": api_timeout,
+    }
