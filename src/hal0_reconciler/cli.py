@@ -17,15 +17,17 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hal0_reconciler import __version__, _log, console, held_signals, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
 from hal0_reconciler.host import facts as host_facts
 from hal0_reconciler.host import hal0
-from hal0_reconciler.model import HostFacts, ImageResolution, LaneState
-from hal0_reconciler.reconcile import Outcome, OutcomeStatus, PassReport, Reconciler
-from hal0_reconciler.state import DemotionLedger
+from hal0_reconciler.model import HostFacts, LaneState
+from hal0_reconciler.slots import store
+
+if TYPE_CHECKING:  # the engine loads when a pass runs (see _plan)
+    from hal0_reconciler.reconcile import PassReport
 
 _cli_log = _log.get_logger("hal0_reconciler.cli")
 
@@ -34,9 +36,6 @@ EXIT_ERROR = 1
 EXIT_PENDING = 2
 EXIT_UNJUDGED = 3  # a slot file could not be judged (once, plan): distinct from "pending"
 JSON_SCHEMA = 1  # of plan/once/probe/status --json; a change that breaks a reader bumps it
-
-# Slot outcomes that mean "this file could not be judged": a person has to look at it.
-_UNJUDGED = frozenset({OutcomeStatus.UNREADABLE, OutcomeStatus.NOT_REGULAR, OutcomeStatus.SKIPPED})
 
 # Each verb's exit codes, printed at the end of its --help.
 _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
@@ -513,6 +512,7 @@ def _once(current: settings.Settings, *, restart: bool, as_json: bool = False) -
 def _once_until(
     current: settings.Settings, *, restart: bool, as_json: bool, stopped: Callable[[], bool]
 ) -> int:
+    from hal0_reconciler import passview, reconcile, state  # the engine: see _plan
     from hal0_reconciler.host import units
 
     _require_slots_dir(current)
@@ -522,8 +522,8 @@ def _once_until(
         _cli_log.error(
             "host.probe_failed", reason=facts.lane_reason, effect="no slot is demoted to cpu"
         )
-    ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
-    report = Reconciler(current, ledger=ledger, cancelled=stopped).reconcile(facts)
+    ledger = state.DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
+    report = reconcile.Reconciler(current, ledger=ledger, cancelled=stopped).reconcile(facts)
     if stopped():
         _cli_log.warning("once.stopped", relabeled=len(report.relabeled), reason="signal")
         return EXIT_ERROR
@@ -545,94 +545,58 @@ def _once_until(
             )
     if report.failed or probe_failed:
         code = EXIT_ERROR
-    elif any(o.status in _UNJUDGED for o in report.outcomes):
+    elif passview.unjudged(report):
         code = EXIT_UNJUDGED
     else:
         code = EXIT_OK
     if as_json:
-        console.dump_json(_once_json(report, facts, code))
+        doc = {"schema": JSON_SCHEMA, "host": _host_json(facts)}
+        doc |= {"slots": passview.once_slots(report), **passview.once_counts(report)}
+        console.dump_json({**doc, "exit_code": code})
     elif sys.stdout.isatty():  # a person is reading; a pipe or the journal gets the logs only
-        print(_once_summary(report, facts))
+        print("\n".join([_facts_line(facts), *passview.once_lines(report)]))
     return code
 
 
-def _once_counts(report: PassReport) -> dict[str, int]:
-    problems = {*_UNJUDGED, OutcomeStatus.WRITE_FAILED}
-    kept = {OutcomeStatus.UNCHANGED, OutcomeStatus.HANDS_OFF}
-    return {
-        "relabelled": len(report.relabeled),
-        "kept": sum(1 for o in report.outcomes if o.status in kept),
-        "problems": sum(1 for o in report.outcomes if o.status in problems),
-    }
-
-
-def _once_summary(report: PassReport, facts: HostFacts) -> str:
-    """What `once` did, for a person at a terminal: counts, then each change and problem."""
-    counts = _once_counts(report)
-    out = sys.stdout
-    lines = [_facts_line(facts)]
-    for o in report.outcomes:
-        v = o.verdict
-        label = f"{o.name} ({o.path.name})" if o.name else o.path.name
-        if o.status is OutcomeStatus.RELABELED and v is not None:
-            lines.append(
-                f"  {console.paint('relabelled', 'green', out)} {label}: {v.old} -> {v.new}"
-            )
-        elif o.status is OutcomeStatus.WRITE_FAILED:
-            lines.append(f"  {console.paint('not written', 'red', out)} {label}: {o.message}")
-        elif o.status in _UNJUDGED:
-            why = o.message or (v.reason.value if v is not None else o.status.value)
-            lines.append(
-                f"  {console.paint('problem', 'yellow', out)} {label}: {o.status.value}: {why}"
-            )
-    lines.append(
-        f"{counts['relabelled']} relabelled, {counts['kept']} kept, {counts['problems']} problem(s)"
-    )
-    return "\n".join(lines)
-
-
-def _once_json(report: PassReport, facts: HostFacts, code: int) -> dict[str, Any]:
-    slots = []
-    for o in report.outcomes:
-        if o.status is OutcomeStatus.GONE:
-            continue
-        v = o.verdict
-        slots.append(
-            {
-                "path": str(o.path),
-                "slot": o.name,
-                "status": o.status.value,
-                "device": v.old if v else None,
-                "new": v.new if v and o.status is OutcomeStatus.RELABELED else None,
-                "reason": v.reason.value if v else None,
-                "message": o.message,
-            }
-        )
-    return {
-        "schema": JSON_SCHEMA,
-        "host": _host_json(facts),
-        "slots": slots,
-        **_once_counts(report),
-        "exit_code": code,
-    }
-
-
 def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
+    """The dry run. With no slot file to judge off an AMD host (where the engine logs nothing),
+    hal0's facts are all it shows: the reconcile engine and the outcomes' views stay unloaded."""
     _require_slots_dir(current)
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
-    ledger = DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
-    reconciler = Reconciler(current, ledger=ledger)
+    if not facts.amd and not store.list_slot_names(current.slots_dir):
+        return _plan_print(args, facts, hal0.Hal0Reader(current).read(), None)
+    from hal0_reconciler import reconcile, state  # a slot to judge, or an AMD host
+
+    ledger = state.DemotionLedger.in_state_dir(current.state_dir) if facts.amd else None
+    reconciler = reconcile.Reconciler(current, ledger=ledger)
     report = reconciler.reconcile(facts, apply=False)
     read = hal0.Hal0Read(
         reconciler.hal0_facts or hal0.read_facts(current).facts, reconciler.hal0_problems
     )
-    unjudged = sum(1 for o in report.outcomes if o.status in _UNJUDGED)
-    code = EXIT_UNJUDGED if unjudged else EXIT_PENDING if report.pending else EXIT_OK
+    return _plan_print(args, facts, read, report)
+
+
+def _plan_print(
+    args: argparse.Namespace, facts: HostFacts, read: hal0.Hal0Read, report: PassReport | None
+) -> int:
+    """Print the plan (``report`` None: no slot file); its exit code."""
+    rows: list[dict[str, str]] = []
+    slots: list[dict[str, Any]] = []
+    notes: list[str] = []
+    pending = unjudged = 0
+    if report is not None:
+        from hal0_reconciler import passview  # with the engine (see _plan)
+
+        rows, notes = passview.plan_rows(report), passview.write_notes(report)
+        slots = passview.plan_slots(report) if args.json else []
+        pending, unjudged = len(report.pending), passview.unjudged(report)
+    code = EXIT_UNJUDGED if unjudged else EXIT_PENDING if pending else EXIT_OK
     if args.json:
-        doc = _plan_json(report, facts, read)
+        doc = {"schema": JSON_SCHEMA, "host": _host_json(facts), "hal0": _hal0_json(read)}
+        doc |= {"slots": slots, "pending": pending}
         console.dump_json({**doc, "unjudged": unjudged, "exit_code": code})
     else:
-        print(_plan_table(report, facts, read))
+        print(_plan_table(rows, notes, pending, facts, read))
         if unjudged:
             print(f"{unjudged} slot file(s) could not be judged: see their REASON")
     return code
@@ -649,40 +613,6 @@ def _assumed_facts(
         return HostFacts(amd=False, lane=LaneState.UNUSABLE)
     probed = host_facts.gather(current)
     return HostFacts(amd=True, lane=probed.lane, probe=probed.probe)
-
-
-def _plan_rows(report: PassReport) -> list[dict[str, str]]:
-    rows = []
-    for o in report.outcomes:
-        v = o.verdict
-        rows.append(
-            {
-                "slot": o.name or "-",
-                "file": o.path.name,
-                "runtime": v.runtime.value if v else "-",
-                "device": v.old if v else "-",
-                "action": _action_word(o.status),
-                "new": (v.new or "") if v and o.status is OutcomeStatus.PENDING else "",
-                "reason": v.reason.value if v else (o.message or ""),
-                "image": (v.image.image or "-") if v and v.image else "-",
-                "from": _rung_word(v.image) if v and v.image else "-",
-                "capable": ("yes" if v.image.capable else "no") if v and v.image else "-",
-            }
-        )
-    return rows
-
-
-def _rung_word(image: ImageResolution) -> str:
-    """The rung, marked when a stale former default was looked through to reach it."""
-    return f"{image.rung.value}<-stale" if image.stale is not None else image.rung.value
-
-
-def _action_word(status: OutcomeStatus) -> str:
-    return {
-        OutcomeStatus.PENDING: "relabel",
-        OutcomeStatus.UNCHANGED: "keep",
-        OutcomeStatus.SKIPPED: "skip",
-    }.get(status, status.value)
 
 
 def _facts_line(facts: HostFacts) -> str:
@@ -715,14 +645,18 @@ _COLUMNS = (
 )
 
 
-def _plan_table(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> str:
-    rows = _plan_rows(report)
+def _plan_table(
+    rows: list[dict[str, str]],
+    notes: list[str],
+    pending: int,
+    facts: HostFacts,
+    read: hal0.Hal0Read,
+) -> str:
     head = {k: k.upper() for k in _COLUMNS}
     widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
     lines = [_facts_line(facts), *_hal0_lines(read), ""]
     lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
-    lines += _write_notes(report)
-    pending = len(report.pending)
+    lines += notes
     lines += ["", f"{pending} change(s) pending" if pending else "no changes"]
     return "\n".join(lines)
 
@@ -734,61 +668,8 @@ def _host_json(facts: HostFacts) -> dict[str, Any]:
     return {"amd": True, "rocm_lane": facts.lane.value, "reason": why}
 
 
-def _plan_json(report: PassReport, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:
-    return {
-        "schema": JSON_SCHEMA,
-        "host": _host_json(facts),
-        "hal0": _hal0_json(read),
-        "slots": [
-            {
-                "path": str(o.path),
-                **{k: None if v in ("", "-") else v for k, v in row.items()},
-                "effective_image": _image_json(o),
-                **_comments_lost(o),
-            }
-            for o, row in zip(report.outcomes, _plan_rows(report), strict=True)
-        ],
-        "pending": len(report.pending),
-    }
-
-
-def _write_notes(report: PassReport) -> list[str]:
-    """A line for each pending write that would not be byte-minimal or would be refused."""
-    notes = []
-    for o in report.outcomes:
-        if o.status is OutcomeStatus.PENDING and o.message is not None:
-            lost = "the write would rewrite the whole file, losing its comments and layout"
-            notes.append(f"note: {o.path.name}: {lost} ({o.message})")
-        elif o.status is OutcomeStatus.WRITE_FAILED:
-            notes.append(f"note: {o.path.name}: the write would be refused ({o.message})")
-    return notes
-
-
-def _comments_lost(o: Outcome) -> dict[str, Any]:
-    """Whether a pending write would rewrite the whole file (comments lost), and why."""
-    lost = o.message if o.status is OutcomeStatus.PENDING else None
-    return {"loses_comments": lost is not None, "loses_comments_why": lost}
-
-
 def _hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:
     return {**hal0.describe(read.facts), "problems": [p.line() for p in read.problems] or None}
-
-
-def _image_json(outcome: Any) -> dict[str, Any] | None:
-    """A candidate's effective image: what, from which rung of which runner, capable or not."""
-    v = outcome.verdict
-    if v is None or v.image is None:
-        return None
-    i = v.image
-    return {
-        "image": i.image,
-        "rung": i.rung.value,
-        "runner": i.runner,
-        "capable": i.capable,
-        "stale_looked_through": i.stale,
-        "error": i.error,
-        "explain": i.explain(),
-    }
 
 
 def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read) -> dict[str, Any]:

@@ -65,20 +65,18 @@ def test_only_a_leading_verb_builds_one_parser() -> None:
     assert ["status"] == list(choices)
 
 
-def test_plan_loads_neither_the_aiter_engine_nor_the_daemon(
-    host_dirs: dict[str, Path],
-) -> None:
-    """In a fresh interpreter, as the command runs: what `plan` imported."""
+def _loaded_by(argv: list[str]) -> tuple[int, set[str]]:
+    """In a fresh interpreter, as the command runs: its exit code and what it imported."""
     code = (
         "import sys, json\n"
         "from hal0_reconciler import _entry\n"
         "sys.argv[1:] = json.loads(sys.argv[1])\n"
         "try:\n"
-        "    _entry.main()\n"
+        "    code = _entry.main()\n"
         "finally:\n"
         "    print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
+        "sys.exit(code)\n"
     )
-    argv = ["plan", *host_args(host_dirs)]
     done = subprocess.run(
         [sys.executable, "-c", code, json.dumps(argv)],
         capture_output=True,
@@ -87,8 +85,15 @@ def test_plan_loads_neither_the_aiter_engine_nor_the_daemon(
         timeout=50,
         check=False,
     )
-    assert 0 == done.returncode, done.stderr
-    loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
+    assert done.returncode in {0, 2}, done.stderr
+    return done.returncode, set(json.loads(done.stderr.strip().splitlines()[-1]))
+
+
+def test_plan_loads_neither_the_aiter_engine_nor_the_daemon(
+    host_dirs: dict[str, Path],
+) -> None:
+    """In a fresh interpreter, as the command runs: what `plan` imported."""
+    _, loaded = _loaded_by(["plan", *host_args(host_dirs)])
     unwanted = {
         "hal0_reconciler.aiter.monitor",
         "hal0_reconciler.daemon.runner",
@@ -128,3 +133,59 @@ def test_structlog_loads_rich_only_for_a_person_at_a_terminal(fmt: str) -> None:
     )
     assert 0 == done.returncode, done.stderr
     assert (fmt == "console") == (done.stdout.strip() == "True")
+
+
+# What `plan` needs only when there is a slot file to judge (or an AMD host, where the engine
+# also logs what it finds wrong with hal0's sources and the profiles).
+ENGINE = {
+    "hal0_reconciler.reconcile",
+    "hal0_reconciler.passview",
+    "hal0_reconciler.state",
+    "hal0_reconciler.slots.seen",
+    "hal0_reconciler.slots.document",
+    "hal0_reconciler.slots.policy",
+}
+
+
+@pytest.mark.parametrize("world", ["empty", "one slot", "amd"])
+def test_plan_loads_the_engine_only_with_something_to_judge(
+    host_dirs: dict[str, Path], world: str
+) -> None:
+    """`plan` on an empty folder of a host that is not AMD shows hal0's facts and an empty
+    table without loading the reconcile engine; a slot file, or an AMD host, loads it."""
+    argv = ["plan", *host_args(host_dirs)]
+    if world == "one slot":
+        (host_dirs["slots_dir"] / "a.toml").write_text('name = "a"\ndevice = "cpu"\n')
+    elif world == "amd":
+        argv += ["--assume-amd", "--assume-rocm=usable"]
+    code, loaded = _loaded_by(argv)
+    assert 0 == code
+    assert (set() if world == "empty" else ENGINE) == ENGINE & loaded
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_plan_without_the_engine_says_what_the_engine_would(
+    host_dirs: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    as_json: bool,
+) -> None:
+    """On an empty folder, the plan printed without a pass is the one printed from the engine's
+    pass over the same folder, hal0's fact fallbacks included."""
+    from hal0_reconciler import reconcile, settings
+    from hal0_reconciler.host import hal0
+    from hal0_reconciler.model import HostFacts, LaneState
+
+    (host_dirs["hal0_release_dir"] / "VERSION").unlink()  # a fact fallback to show
+    current = settings.load(None, {k: str(v) for k, v in host_dirs.items()})
+    args = argparse.Namespace(json=as_json, assume_amd=None, assume_rocm=None)
+    facts = HostFacts(amd=False, lane=LaneState.UNUSABLE)
+    reconciler = reconcile.Reconciler(current)
+    report = reconciler.reconcile(facts, apply=False)
+    assert () == report.outcomes
+    assert reconciler.hal0_facts is not None
+    read = hal0.Hal0Read(reconciler.hal0_facts, reconciler.hal0_problems)
+    assert read.problems
+    assert 0 == cli_mod._plan_print(args, facts, read, report)
+    engine = capsys.readouterr().out
+    assert 0 == cli_mod._plan(current, args)  # no slot file, not an AMD host: no pass
+    assert engine == capsys.readouterr().out

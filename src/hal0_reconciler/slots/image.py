@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from hal0_reconciler.model import Device, Hal0Facts, ImageResolution, Rung
-from hal0_reconciler.slots.document import SlotDoc
+
+if TYPE_CHECKING:  # only annotated: hal0's facts are read without the slot parser
+    from hal0_reconciler.slots.document import SlotDoc
 
 _GHCR = "ghcr.io/hal0ai"
 _NEWEST_DEFAULT = f"{_GHCR}/hal0-combined:0826"

@@ -21,10 +21,12 @@ its device/type/provider and ends in llama.cpp when nothing else matches.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hal0_reconciler.model import Catalog, Device, ProfileInfo, Runtime
-from hal0_reconciler.slots.document import SlotDoc
+
+if TYPE_CHECKING:  # only annotated: the profile catalog is read without the slot parser
+    from hal0_reconciler.slots.document import SlotDoc
 
 _TOOLBOX = "ghcr.io/hal0ai/amd-strix-halo-toolboxes"
 _ROCM_IMAGE = f"{_TOOLBOX}:rocm-7.2.4-rocmfp4-server"
