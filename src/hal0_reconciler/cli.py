@@ -141,6 +141,23 @@ class _Parser(argparse.ArgumentParser):
     """(verb path, the common options' dests): its exit codes and short usage line, made when
     first shown (``_finish``): a command that runs needs neither."""
 
+    _checking = False
+    """In ``add_argument``: argparse makes a formatter there only to check the option's metavar,
+    and a formatter without a width looks up the terminal's (``shutil``, which imports the
+    compression modules): ~2 ms of a command's start for a width that check never uses."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        self._checking = True
+        try:
+            return super().add_argument(*args, **kwargs)
+        finally:
+            self._checking = False
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        if self._checking:
+            return argparse.HelpFormatter(prog=self.prog, width=80)
+        return super()._get_formatter()
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         console.error(f"{message} (see {self.prog} --help)")
