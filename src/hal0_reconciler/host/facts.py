@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hal0_reconciler import errors
-from hal0_reconciler.host import identity
 from hal0_reconciler.model import Credentials, HostFacts, LaneState, ProbeResult
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ def gather(
     """
     if not is_amd_host(settings):
         return host_facts(amd=False, result=None)
-    from hal0_reconciler.host import probe  # noqa: PLC0415 - subprocess: only on an AMD host
+    from hal0_reconciler.host import identity, probe  # noqa: PLC0415 - only on an AMD host
 
     if credentials is None:
         who = identity.slot_runner(settings)
