@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from hal0_reconciler import __version__, _log, console, held_signals, settings
 from hal0_reconciler.errors import ReconcilerError, SettingsError
-from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import hal0
-from hal0_reconciler.model import HostFacts, LaneState
-from hal0_reconciler.slots import store
 
-if TYPE_CHECKING:  # the engine loads when a pass runs (see _plan)
+if TYPE_CHECKING:  # each verb loads what it runs: `status` needs no host facts, `plan` on an
+    # empty folder no engine (see _plan)
+    from hal0_reconciler.host import hal0
+    from hal0_reconciler.model import HostFacts
     from hal0_reconciler.reconcile import PassReport
 
 _cli_log = _log.get_logger("hal0_reconciler.cli")
@@ -443,6 +442,8 @@ def _dispatch(
     if verb == "probe":
         return _probe(current, as_json=args.json)
     if verb == "run":
+        from hal0_reconciler.host import facts as host_facts
+
         early = host_facts.EarlyGather(current)  # the probe runs while the daemon loads
         from hal0_reconciler.daemon import runner
 
@@ -530,7 +531,9 @@ def _once_until(
     current: settings.Settings, *, restart: bool, as_json: bool, stopped: Callable[[], bool]
 ) -> int:
     from hal0_reconciler import passview, reconcile, state  # the engine: see _plan
+    from hal0_reconciler.host import facts as host_facts
     from hal0_reconciler.host import units
+    from hal0_reconciler.model import LaneState
 
     _require_slots_dir(current)
     facts = host_facts.gather(current)
@@ -578,6 +581,9 @@ def _once_until(
 def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     """The dry run. With no slot file to judge off an AMD host (where the engine logs nothing),
     hal0's facts are all it shows: the reconcile engine and the outcomes' views stay unloaded."""
+    from hal0_reconciler.host import hal0
+    from hal0_reconciler.slots import store
+
     _require_slots_dir(current)
     facts = _assumed_facts(current, args.assume_amd, args.assume_rocm)
     if not facts.amd and not store.list_slot_names(current.slots_dir):
@@ -622,6 +628,9 @@ def _plan_print(
 def _assumed_facts(
     current: settings.Settings, assume_amd: bool | None, assume_rocm: str | None
 ) -> HostFacts:
+    from hal0_reconciler.host import facts as host_facts
+    from hal0_reconciler.model import HostFacts, LaneState
+
     amd = host_facts.is_amd_host(current) if assume_amd is None else assume_amd
     if assume_rocm is not None:
         lane = LaneState.USABLE if assume_rocm == "usable" else LaneState.UNUSABLE
@@ -686,6 +695,8 @@ def _host_json(facts: HostFacts) -> dict[str, Any]:
 
 
 def _hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:
+    from hal0_reconciler.host import hal0
+
     return {**hal0.describe(read.facts), "problems": [p.line() for p in read.problems] or None}
 
 
@@ -721,6 +732,10 @@ def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read
 
 
 def _probe(current: settings.Settings, *, as_json: bool = False) -> int:
+    from hal0_reconciler.host import facts as host_facts
+    from hal0_reconciler.host import hal0
+    from hal0_reconciler.model import LaneState
+
     facts = host_facts.gather(current)
     read = hal0.read_facts(current)
     code = EXIT_OK if facts.amd and facts.lane is LaneState.USABLE else EXIT_ERROR
