@@ -1,6 +1,7 @@
 """Every benchmark at one size, ONE table of figures and ratios measured in this run.
 
     python tests/bench/run_all.py [--size 1000] [--repeats 3] [--only relabel,aiter,...]
+                                  [--installed VENV]
 
 Run as root (device nodes, the probe). Each pair (ours, baseline) is measured back to back,
 ``--repeats`` times; the table shows min / median / max of the per-pair ratio (and of our own
@@ -341,17 +342,30 @@ def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     return [first, again, cpu]
 
 
+INSTALLED: Path | None = None
+"""``--installed VENV``: a venv with the package installed for real (``pip install .``)."""
+
+
 def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     row = Row("`plan` on an empty folder, CPU, vs `python3 -c 'import tomllib'`", target="<= 2x")
-    row.note = "not an AMD host (this machine): no probe"
+    row.note = "not an AMD host (this machine): no probe; this checkout's src on PYTHONPATH"
     amd = Row(
         "`plan` on an empty folder of an AMD host, CPU (the probe runs as the service "
         "user in a second interpreter)",
         ratio_of="",
     )
+    installed = Row(
+        "`plan` on an empty folder, CPU, the installed entry point (`pip install .`, not "
+        "editable) vs `import tomllib` in its venv",
+        target="<= 2x",
+    )
+    installed.note = f"--installed {INSTALLED}"
+    no_amd = str(w.root / "no-amdgpu")
+    # the installed package, its own interpreter, nothing of this checkout on the path
+    plain = {k: v for k, v in world_mod.env().items() if k != "PYTHONPATH"}
     w.refill(0)
     for _ in range(max(repeats, 5)):
-        _, c, done = timed_child(w.argv("plan", amdgpu_module_dir=str(w.root / "no-amdgpu")))
+        _, c, done = timed_child(w.argv("plan", amdgpu_module_dir=no_amd))
         if done.returncode != 0:
             raise SystemExit(f"plan failed: {done.stderr.decode()[-2000:]}")
         _, cb, _ = timed_child([sys.executable, "-c", "import tomllib"])
@@ -359,7 +373,19 @@ def bench_plan_empty(w: world_mod.World, size: int, repeats: int) -> list[Row]:
         row.ours.append(c)
         row.base.append(cb)
         amd.ours.append(ca)
-    return [row, amd]
+        if INSTALLED is not None:
+            argv = [
+                str(INSTALLED / "bin/hal0-reconciler"),
+                *w.argv("plan", amdgpu_module_dir=no_amd)[3:],
+            ]
+            _, ci, done = timed_child(argv, environment=plain)
+            if done.returncode != 0:
+                raise SystemExit(f"installed plan failed: {done.stderr.decode()[-2000:]}")
+            base = [str(INSTALLED / "bin/python"), "-c", "import tomllib"]
+            _, cbi, _ = timed_child(base, environment=plain)
+            installed.ours.append(ci)
+            installed.base.append(cbi)
+    return [row, amd] if INSTALLED is None else [row, installed, amd]
 
 
 # --- aiter ------------------------------------------------------------------------------------------
@@ -485,7 +511,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated: " + ",".join(BENCHES))
     ap.add_argument("--json", type=Path, help="also write the raw figures here")
+    ap.add_argument(
+        "--installed",
+        type=Path,
+        metavar="VENV",
+        help="plan: also measure the package installed in this venv (python -m venv VENV && "
+        "VENV/bin/pip install .), by its entry point",
+    )
     opts = ap.parse_args()
+    global INSTALLED  # noqa: PLW0603 - one option for one benchmark, set once
+    INSTALLED = opts.installed
     if os.geteuid() != 0:
         print("run as root: the benchmarks make device nodes and run the probe", file=sys.stderr)
         return 1

@@ -145,5 +145,9 @@ def compile_sources() -> None:
     )
 
 
-def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(argv, env=env(), capture_output=True, check=False, **kwargs)  # type: ignore[call-overload]
+def run(
+    argv: list[str], *, environment: dict[str, str] | None = None, **kwargs: object
+) -> subprocess.CompletedProcess[bytes]:
+    """``argv`` with ``env()`` (this checkout's src first) unless another environment is given."""
+    values = env() if environment is None else environment
+    return subprocess.run(argv, env=values, capture_output=True, check=False, **kwargs)  # type: ignore[call-overload]
