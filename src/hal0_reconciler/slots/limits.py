@@ -46,24 +46,29 @@ class Limits:
 
 DEFAULT = Limits()
 
-_TOKEN = re.compile(
-    r'''
-      (?P<string>
-          """(?:[^"\\]|\\.|"(?!""))*(?:"{3,5}|\Z)      # multi-line basic string
-        | \'\'\'(?:[^']|'(?!''))*(?:'{3,5}|\Z)          # multi-line literal string
-        | "(?:[^"\\\n]|\\[^\n])*(?:"|(?=\n)|\Z)         # basic string (ends at the line)
-        | '[^'\n]*(?:'|(?=\n)|\Z)                       # literal string
-      )
-    | (?P<comment>\#[^\n]*)
-    | (?P<newline>\n)
-    | (?P<punct>[\[\]{}=,.])
-    | (?P<digits>[0-9_]+)
-    | (?P<space>[ \t\r]+)
-    | (?P<other>[^\s"'\#\[\]{}=,.0-9_]+)
-    | (?P<stray>.)
-    ''',
-    re.VERBOSE | re.DOTALL,
-)
+
+@functools.cache
+def _token() -> re.Pattern[str]:
+    """The tokenizer's pattern, compiled at its first use: most processes never tokenize
+    (a plain slot file is proved within the limits by counting characters)."""
+    return re.compile(
+        r'''
+          (?P<string>
+              """(?:[^"\\]|\\.|"(?!""))*(?:"{3,5}|\Z)      # multi-line basic string
+            | \'\'\'(?:[^']|'(?!''))*(?:'{3,5}|\Z)          # multi-line literal string
+            | "(?:[^"\\\n]|\\[^\n])*(?:"|(?=\n)|\Z)         # basic string (ends at the line)
+            | '[^'\n]*(?:'|(?=\n)|\Z)                       # literal string
+          )
+        | (?P<comment>\#[^\n]*)
+        | (?P<newline>\n)
+        | (?P<punct>[\[\]{}=,.])
+        | (?P<digits>[0-9_]+)
+        | (?P<space>[ \t\r]+)
+        | (?P<other>[^\s"'\#\[\]{}=,.0-9_]+)
+        | (?P<stray>.)
+        ''',
+        re.VERBOSE | re.DOTALL,
+    )
 
 
 def check_size(size: int, limits: Limits = DEFAULT) -> None:
@@ -144,7 +149,7 @@ class _Scan:
         self.items = 0
 
     def run(self, text: str) -> None:
-        for match in _TOKEN.finditer(text):
+        for match in _token().finditer(text):
             kind = match.lastgroup
             if kind in ("space", "comment"):
                 continue
