@@ -191,6 +191,11 @@ def test_plan_without_the_engine_says_what_the_engine_would(
     engine = capsys.readouterr().out
     assert 0 == cli_mod._plan(current, args)  # no slot file, not an AMD host: no pass
     assert engine == capsys.readouterr().out
+    if as_json:  # and what that is: no slot, nothing pending
+        doc = json.loads(engine)
+        assert ([], 0, 0, 0) == (doc["slots"], doc["pending"], doc["unjudged"], doc["exit_code"])
+    else:
+        assert "no changes" == engine.splitlines()[-1]
 
 
 @pytest.mark.parametrize("verb", ["status", "reload"])
