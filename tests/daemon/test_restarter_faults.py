@@ -157,3 +157,36 @@ def test_busy_for_counts_the_restart_under_way_not_the_whole_batch(
         steps.release["b"].set()
         wait_until(lambda: restarter.busy_for() == 0.0, timeout=20, what="idle again")
     assert ["a", "b"] == steps.applied
+
+
+def test_the_restarter_sleeps_until_the_next_turn_and_no_longer(
+    tmp_path: Path, steps: Steps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart deferred by the rate limit (0.2 s) is waited for with a timeout that ends at
+    its turn: every wait with a timeout is at most the interval (recorded on the real
+    Condition, so nothing here depends on how fast the machine is)."""
+    settings = settings_mod.load(
+        None,
+        {
+            **restarter_overrides(tmp_path, "http://127.0.0.1:9", tmp_path / "no-systemctl"),
+            "restart_min_interval": 0.2,
+        },
+    )
+    restarter = units.Restarter(settings)
+    timeouts: list[float] = []
+    real_wait = restarter._cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        if timeout is not None:
+            timeouts.append(timeout)
+        return real_wait(timeout)
+
+    monkeypatch.setattr(restarter._cond, "wait", wait)
+    with restarter:
+        _batch(restarter, ["agent"])
+        steps.wait_entered()
+        _batch(restarter, ["agent"])  # deferred: its turn is 0.2 s after the first
+        steps.wait_entered()
+    assert ["agent", "agent"] == steps.applied
+    assert timeouts, "the deferred restart was not waited for"
+    assert max(timeouts) <= 0.2, timeouts
