@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler import _log, errors, lifecycle, reconcile
+from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import hal0, units
@@ -152,6 +152,7 @@ class Worker(lifecycle.StartStop):
         self._thread.join(timeout=WORKER_STOP_WAIT)
         if self._thread.is_alive():  # say so: its file is left old (atomic writes), not torn
             log.warning("daemon.worker_abandoned", reason="a pass was still running at exit")
+        fsio.stop_fsync_helpers()  # the pass's fsync helpers (idle now, unless abandoned)
 
 
 WORKER_STOP_WAIT = 4.0

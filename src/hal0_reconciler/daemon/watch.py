@@ -154,6 +154,7 @@ class Watcher(lifecycle.StartStop):
         aiter_dirs: Iterable[Path] = (),
     ) -> None:
         self._slots_dir = slots_dir
+        self._slots_folder = str(slots_dir)  # as watchdog joins the names of its events to it
         self._dev_dir = dev_dir
         self._kfd_name = kfd_name
         self._dri_dir = dri_dir
@@ -182,8 +183,13 @@ class Watcher(lifecycle.StartStop):
 
     # -- event → keys (run on the observer thread) -----------------------------------------------
     def _enqueue(self, keys: Iterable[WorkKey]) -> None:
+        """The worker takes the keys from the queue by itself: the main loop is woken only when
+        a watch needs repair now (a watched folder came or went). Waking it for every event cost
+        a pipe write per event and a main-loop round per wake-up, on the threads a burst of new
+        files needs most."""
         self._enqueue_raw(keys)
-        self._wake()
+        if self._folder_changed.is_set():
+            self._wake()
 
     def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE:
@@ -194,18 +200,20 @@ class Watcher(lifecycle.StartStop):
         return keys
 
     def _slot_change_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        """Plain string work, no Path per event: a burst of new files is ~4 events per file,
+        and the daemon's own writes as many again (their temp file created, written, closed,
+        renamed), all on this thread. The temp file's own events are dropped here (never a
+        slot name); its rename onto a slot file is that slot's event, by its destination."""
         keys: list[WorkKey] = []
+        folder = self._slots_folder
         for raw in _paths(event):
-            path = Path(raw)
-            if path == self._slots_dir:
+            if raw == folder:
                 if event.event_type in {"deleted", "moved"}:
                     keys.append(Special.EVERYTHING)  # the folder itself went or moved
-            elif (
-                path.parent == self._slots_dir
-                and not event.is_directory
-                and self._is_slot_name(path.name)
-            ):
-                keys.append(SlotKey(str(path)))
+                continue
+            parent, _, name = raw.rpartition("/")
+            if parent == folder and not event.is_directory and self._is_slot_name(name):
+                keys.append(SlotKey(raw))
         return keys
 
     def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
