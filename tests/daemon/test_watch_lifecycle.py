@@ -5,10 +5,12 @@ real inotify; the kernel's own view of each watch is read from /proc/self/fdinfo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import inspect
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -169,3 +171,64 @@ def test_a_stopped_watcher_asks_for_nothing(tmp_path: Path) -> None:
     shutil.rmtree(tree / "dev/dri")
     (tree / "dev/dri").mkdir()
     assert [] == watcher.check(), "a stopped watcher asked for a full pass"
+
+
+def _move_delays(root: object, depth: int = 4) -> list[float]:
+    """The delay of every watchdog DelayedQueue reachable from ``root`` (where each watchdog
+    version holds back a rename's first half to pair it with its second)."""
+    found: list[float] = []
+    seen: set[int] = set()
+
+    def walk(obj: object, left: int) -> None:
+        if id(obj) in seen or left < 0:
+            return
+        seen.add(id(obj))
+        if type(obj).__name__ == "DelayedQueue":
+            found.append(float(getattr(obj, "delay", None) or obj.delay_sec))  # type: ignore[attr-defined]
+            return
+        children = (
+            obj if isinstance(obj, list | set | tuple) else getattr(obj, "__dict__", {}).values()
+        )
+        for child in children:
+            if type(child).__module__.startswith("watchdog") or isinstance(
+                child, list | set | tuple
+            ):
+                walk(child, left - 1)
+
+    walk(root, depth)
+    return found
+
+
+@pytest.mark.parametrize("observer", [Observer, UnfilteredObserver], ids=["filtering", "2.2"])
+def test_a_renames_first_half_is_not_held_for_half_a_second(
+    tmp_path: Path, observer: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """watchdog holds a rename's IN_MOVED_FROM up to 0.5 s to pair it, and every event behind
+    it waits as long: a burst of saves (all renames) came in half-second steps. The watcher's
+    observers pair within MOVE_PAIRING_DELAY; a rename onto a slot still gives that slot."""
+    import importlib
+
+    from hal0_reconciler.daemon import _watchdog_compat
+
+    for module, name in _watchdog_compat._MOVE_GROUPERS:  # as watchdog ships it
+        with contextlib.suppress(ImportError, AttributeError):
+            monkeypatch.setattr(getattr(importlib.import_module(module), name), "delay", 0.5)
+    tree = make_tree(tmp_path)
+    seen: list[WorkKey] = []
+    made: list[Any] = []
+
+    def factory() -> Any:
+        made.append(observer())
+        return made[-1]
+
+    with watcher_on(tree, enqueue=seen.extend, observer_factory=factory):
+        delays = [d for o in made for d in _move_delays(list(o.emitters))]
+        assert delays, "no move-pairing queue found in the observer: the test proves nothing"
+        assert max(delays) <= _watchdog_compat.MOVE_PAIRING_DELAY <= 0.05, delays
+        slot = tree / "etc/slots/agent.toml"
+        (tree / "etc/slots/.agent.toml.part").write_text("x = 1\n")
+        (tree / "etc/slots/.agent.toml.part").rename(slot)
+        deadline = time.monotonic() + 10
+        while str(slot) not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert str(slot) in seen, "a rename onto a slot was not seen"

@@ -270,6 +270,7 @@ class Watcher(lifecycle.StartStop):
         for name in _OVERFLOW_LOGGERS:
             logging.getLogger(name).addHandler(self._overflow_handler)
         _watchdog_compat.report_overflows()  # watchdog 2.2 (Debian 12) would stay silent
+        _watchdog_compat.prompt_moves()  # no half-second stall behind each rename
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
