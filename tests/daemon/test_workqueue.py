@@ -101,6 +101,24 @@ def test_a_key_touched_again_waits_behind_one_that_settled_meanwhile(
     assert (A,) == batch.slots
 
 
+def test_a_batch_says_how_many_keys_were_still_dirty_behind_it(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    """``behind``: the keys left dirty when a batch was taken (the rest of a burst)."""
+    queue.add(A)
+    clock.now += 0.11
+    queue.add_many([B, SlotKey("/s/c.toml")])
+    clock.now += 0.1
+    first = queue.take(clock.now)
+    assert first is not None
+    assert ((A,), 2) == (first.slots, first.behind)
+    queue.done(first)
+    clock.now += 0.15
+    second = queue.take(clock.now)
+    assert second is not None
+    assert (2, 0) == (len(second.keys), second.behind)
+
+
 def test_a_burst_is_taken_in_batches_of_what_settled(queue: WorkQueue, clock: FakeClock) -> None:
     """New files every 10 ms for a second: the first batch comes 200 ms after the first file,
     not 200 ms after the last; each later one takes every file that settled meanwhile; every

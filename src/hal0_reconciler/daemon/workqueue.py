@@ -137,6 +137,7 @@ class Batch:
 
     keys: frozenset[WorkKey]
     events: int
+    behind: int = 0  # keys still dirty when it was taken (more work is coming)
 
     @property
     def everything(self) -> bool:
@@ -257,7 +258,8 @@ class WorkQueue:
         keys = frozenset(taken)
         if Special.EVERYTHING in keys:
             keys = frozenset({Special.EVERYTHING})  # a full pass covers every other ready key
-        batch = Batch(keys=keys, events=self._events)
+        behind = sum(len(p) for p in self._groups.values())
+        batch = Batch(keys=keys, events=self._events, behind=behind)
         self._processing = keys
         self._events = 0
         return batch
