@@ -119,6 +119,7 @@ class _Watch:
 
     path: Path
     handler: _Handler
+    ignored: tuple[str, ...] = ()  # watchdog event classes its handler never needs
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) when scheduled
     handle: Any = None
     failure: str | None = None
@@ -168,7 +169,9 @@ class Watcher(lifecycle.StartStop):
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
-            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue)),
+            # watchdog adds "the folder was modified" to each file created, written or renamed
+            # in it: for the slots folder that says nothing its files' own events do not
+            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue), ("DirModifiedEvent",)),
             _Watch(slots_dir.parent, _Handler(self._slots_parent_keys, self._enqueue)),
         ]
         if dev_dir is not None:
@@ -390,7 +393,10 @@ class Watcher(lifecycle.StartStop):
                 continue
             try:
                 watch.handle = observer.schedule(
-                    watch.handler, str(watch.path), recursive=False, **_filtered(observer)
+                    watch.handler,
+                    str(watch.path),
+                    recursive=False,
+                    **_filtered(observer, watch.ignored),
                 )
             except OSError as exc:
                 self._failed(watch, exc)
@@ -427,11 +433,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _filtered(observer: Any) -> dict[str, Any]:
+def _filtered(observer: Any, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
     """``event_filter`` without the events every watch ignores (``_NO_CHANGE``: a file opened,
     or closed without writing), where watchdog can leave them out of the inotify mask (5.0 and
     later): then a process that only reads slot files costs the daemon nothing. Older
-    watchdog (Debian 12's 2.2) delivers them and the handler drops them."""
+    watchdog (Debian 12's 2.2) delivers them and the handler drops them. ``ignored``: the
+    names of more event classes this watch leaves out (never queued by watchdog)."""
     import inspect  # noqa: PLC0415 - once per schedule call
 
     try:
@@ -442,7 +449,7 @@ def _filtered(observer: Any) -> dict[str, Any]:
         return {}
     from watchdog import events  # noqa: PLC0415
 
-    ignored = {
+    unwanted = {
         getattr(events, "FileOpenedEvent", None),
         getattr(events, "FileClosedNoWriteEvent", None),
     }
@@ -454,6 +461,7 @@ def _filtered(observer: Any) -> dict[str, Any]:
         and issubclass(kind, events.FileSystemEvent)
         and kind is not events.FileSystemEvent
         and kind is not getattr(events, "FileSystemMovedEvent", None)
-        and kind not in ignored
+        and kind not in unwanted
+        and name not in ignored
     ]
     return {"event_filter": kinds}
