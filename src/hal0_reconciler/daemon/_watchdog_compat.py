@@ -74,6 +74,7 @@ _MOVE_GROUPERS = (
 def prompt_moves() -> bool:
     """Make watchdog pair a rename's halves within ``MOVE_PAIRING_DELAY`` (observers made from
     now on); returns whether a delay was found and set."""
+    found = False
     for module_name, class_name in _MOVE_GROUPERS:
         try:
             module = importlib.import_module(module_name)
@@ -82,5 +83,5 @@ def prompt_moves() -> bool:
         grouper = getattr(module, class_name, None)
         if isinstance(getattr(grouper, "delay", None), int | float):
             grouper.delay = min(grouper.delay, MOVE_PAIRING_DELAY)  # type: ignore[union-attr]
-            return True
-    return False
+            found = True
+    return found
