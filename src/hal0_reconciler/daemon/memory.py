@@ -34,24 +34,35 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return None
 
 
+class _Held:
+    """Whether the collector is held for the start, and whether it was on before."""
+
+    was_enabled: bool | None = None  # None: not held
+
+
 def hold() -> None:
     """The daemon's start: no garbage collection until ``resume``."""
-    gc.disable()
+    if _Held.was_enabled is None:
+        _Held.was_enabled = gc.isenabled()
+        gc.disable()
 
 
 def resume() -> None:
-    """The start is over (READY was sent, or the daemon stops): the collector goes on again,
-    and the start's garbage is collected now (a full collection; glibc's free pages trimmed)."""
-    if gc.isenabled():
+    """The start is over (READY was sent, or the daemon stops): the collector goes on again
+    (when it was on), and the start's garbage is collected now (a full collection; glibc's
+    free pages trimmed)."""
+    was_enabled, _Held.was_enabled = _Held.was_enabled, None
+    if was_enabled is None:
         return
-    gc.enable()
+    if was_enabled:
+        gc.enable()
     release()
 
 
 def release() -> None:
     """Collect garbage, then hand free heap pages back to the kernel (glibc); while the
     collector is held (the daemon's start), ``resume`` does it."""
-    if not gc.isenabled():
+    if _Held.was_enabled is not None:
         return
     gc.collect()
     trim = _malloc_trim()

@@ -64,7 +64,7 @@ MAX_FILE_BYTES = 64 << 20
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """What was read of one slot file, and the verdict made of it."""
 
@@ -216,6 +216,38 @@ class SeenSlots:
         if identity_of(st) != entry.identity:
             return None
         return entry.outcome
+
+    def same_outcomes(
+        self, keys: list[SlotKey], *, apply: bool, skip: Collection[SlotKey]
+    ) -> list[Any]:
+        """``same_outcome`` of each key (a full pass: one lstat per file), None for a key in
+        ``skip`` too."""
+        entries = self._entries
+        generation = self._generation
+        wanted = (generation, apply)
+        lstat = os.lstat
+        found: list[Any] = []
+        add = found.append
+        for key in keys:
+            entry = entries.get(key)
+            if (
+                entry is None
+                or entry.outcome_for != wanted
+                or not entry.settled
+                or entry.generation != generation
+                or entry.demoted
+                or key in skip
+            ):
+                add(None)
+                continue
+            try:
+                st = lstat(key)
+            except OSError:
+                add(None)
+                continue
+            same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            add(entry.outcome if same == entry.identity else None)
+        return found
 
     def note_outcome(self, key: SlotKey, outcome: object, *, apply: bool, keep: bool) -> None:
         """What the caller made of this file's current verdict (``keep``: it is what the
