@@ -202,6 +202,8 @@ class Reconciler:
             else seen.SeenSlots.load(seen_file, scope=_seen_scope(settings))
         )
         self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
+        # the folder, its names as listed, and the slot files' keys and names made of them
+        self._last_listing: tuple[str, list[str], list[SlotKey], list[str]] | None = None
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -249,10 +251,11 @@ class Reconciler:
         # an unchanged file judged in this same context (and not ours to look at again: fought
         # over, demoted by us) has its outcome from the memory, with one lstat; None: looked at
         # below. Those outcomes were reported when they were made.
-        outcomes: list[Outcome | None] = self._seen.same_outcomes(
+        outcomes: list[Outcome | None]
+        outcomes, todo = self._seen.same_outcomes(
             keys, apply=apply, skip=self._ledger.keys() | frozenset(hands_off)
         )
-        made = self._look_at(outcomes, keys, known, facts, hands_off=hands_off, apply=apply)
+        made = self._look_at(todo, outcomes, keys, known, facts, hands_off=hands_off, apply=apply)
         if paths is None and not self._is_cancelled():
             self._drop_unlisted(keys)
         done = self._sync_folders(cast("list[Outcome]", outcomes), made)  # every group written
@@ -268,6 +271,7 @@ class Reconciler:
 
     def _look_at(
         self,
+        todo: list[int],
         outcomes: list[Outcome | None],
         keys: list[SlotKey],
         known: list[Path] | list[str],
@@ -276,13 +280,13 @@ class Reconciler:
         hands_off: Collection[SlotKey],
         apply: bool,
     ) -> list[int]:
-        """Each file without an outcome yet, in order: its outcome in its place (a relabel's
+        """Each file at a place in ``todo``, in order: its outcome in its place (a relabel's
         when its write group is written). Stopping, the outcomes end before the first file not
         looked at. Returns the places of the outcomes made here."""
         made: list[int] = []
         group: list[_Write] = []
         folder = self._settings.slots_dir
-        for at in [at for at, o in enumerate(outcomes) if o is None]:
+        for at in todo:
             if self._is_cancelled():
                 del outcomes[at:]  # stopping: between two files, never half-way through one
                 break
@@ -311,12 +315,19 @@ class Reconciler:
         return made
 
     def _listing(self) -> tuple[list[SlotKey], list[str]]:
-        """Every slot file's key (its path made absolute) and name: no Path object each."""
+        """Every slot file's key (its path made absolute) and name: no Path object each (the
+        same lists as last time when the folder lists the same names in the same order)."""
         folder = self._settings.slots_dir
         base = str(folder if folder.is_absolute() else folder.absolute())
+        listed = store.list_folder(folder)
+        last = self._last_listing
+        if last is not None and last[0] == base and last[1] == listed:
+            return last[2], last[3]
         prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
-        names = store.list_slot_names(folder)
-        return cast("list[SlotKey]", [prefix + n for n in names]), names
+        names = store.slot_names(listed)
+        keys = cast("list[SlotKey]", [prefix + n for n in names])
+        self._last_listing = (base, listed, keys, names)
+        return keys, names
 
     def _drop_unlisted(self, keys: list[SlotKey]) -> None:
         """After a full listing: a slot file deleted with no pass over it is gone all the same
