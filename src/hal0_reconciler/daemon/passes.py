@@ -11,7 +11,6 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import operator
 import threading
 import time
@@ -68,6 +67,8 @@ def lane_metric_state(facts: HostFacts) -> str:
 def digest(path: Path) -> str | None:
     """The content digest of a regular slot file; None when it is gone or not a regular file
     (never opening a FIFO, which would block the worker for good, nor following a symlink)."""
+    import hashlib  # noqa: PLC0415 - OpenSSL loads with the first fight, not before READY
+
     try:
         return hashlib.sha256(store.read_slot(path).data).hexdigest()
     except (OSError, ReconcilerError):
