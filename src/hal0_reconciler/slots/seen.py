@@ -313,7 +313,7 @@ def _read_saved(path: Path, scope: str) -> dict[SlotKey, _Entry]:
         if not (
             isinstance(key, str)
             and key.startswith("/")
-            and all(type(n) is int for n in identity)
+            and type(dev) is type(ino) is type(size) is type(mtime) is type(ctime) is int
             and type(settled) is bool
             and isinstance(digest, str)
             and isinstance(data, dict)
