@@ -58,6 +58,23 @@ def test_an_unchanged_file_handed_off_is_hands_off_not_its_remembered_outcome(
     assert 2 == len(parses)
 
 
+def test_a_full_pass_after_a_move_to_another_folder_lists_that_folder(
+    host_dirs: dict[str, Path], make_settings, settled_at_once: None
+) -> None:
+    """The same names in another slots folder (a reload that moved it): the pass is over the
+    new folder's files, not the keys made for the old one."""
+    _fill(host_dirs["slots_dir"], 2)
+    other = host_dirs["slots_dir"].parent / "moved"
+    other.mkdir()
+    _fill(other, 2)
+    engine = Reconciler(make_settings())
+    engine.reconcile(ROCM_USABLE, apply=False)
+    engine.update_settings(make_settings(slots_dir=str(other)))
+    moved = engine.reconcile(ROCM_USABLE, apply=False)
+    assert [other / "s0.toml", other / "s1.toml"] == [o.path for o in moved.outcomes]
+    assert [str(other / "s0.toml"), str(other / "s1.toml")] == [o.key for o in moved.outcomes]
+
+
 def test_a_touched_file_with_the_same_bytes_is_recognised_by_its_content(
     host_dirs: dict[str, Path], make_settings, parses: list[str], settled_at_once: None
 ) -> None:
