@@ -448,18 +448,43 @@ def test_a_table_changed_less_than_a_second_ago_is_read_again_in_the_same_proces
     assert 2 * first == mon.surveyor.table_reads > 0
 
 
-def test_a_foreign_cache_is_rewritten_even_with_nothing_to_store(
-    world: Tree, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "content",
+    ['{"version": 0, "entries": {"k": 1}}', '{"version": 1, "entr'],
+    ids=["foreign", "torn"],
+)
+def test_an_untrusted_cache_is_rewritten_even_with_nothing_to_store(
+    world: Tree, monkeypatch: pytest.MonkeyPatch, content: str
 ) -> None:
-    """A needs.json of another format is replaced by a valid (here empty) one at the next
-    save, even when no entry could be stored (the tables are not settled)."""
+    """A needs.json of another format, or not JSON at all, is replaced by a valid (here empty)
+    one at the next save, even when no entry could be stored (the tables are not settled)."""
     path = world.state / "aiter" / "needs.json"
     path.parent.mkdir(parents=True)
-    path.write_text('{"version": 0, "entries": {"k": 1}}')
+    path.write_text(content)
     monkeypatch.setattr(tablecache, "SETTLED_NS", 3_600 * 10**9)
     _check(world.settings())
     doc = json.loads(path.read_text())
     assert (needscache.CACHE_VERSION, {}) == (doc["version"], doc["entries"])
+
+
+def test_with_nothing_to_store_no_cache_file_is_made(
+    world: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = world.state / "aiter" / "needs.json"
+    monkeypatch.setattr(tablecache, "SETTLED_NS", 3_600 * 10**9)
+    _check(world.settings())
+    assert not path.exists()
+
+
+def test_a_warm_check_with_nothing_changed_writes_no_cache_file(world: Tree) -> None:
+    """Quiet when nothing changes: both cache files keep their inode and mtime."""
+    settings = world.settings()
+    _warm_state(settings)
+    caches = [world.state / "aiter" / name for name in ("needs.json", "tables.json")]
+    before = [(p.stat().st_ino, p.stat().st_mtime_ns) for p in caches]
+    mon, _ = _check(settings)
+    assert 1 == mon.surveyor.needs_cache.hits
+    assert before == [(p.stat().st_ino, p.stat().st_mtime_ns) for p in caches]
 
 
 def test_a_merged_table_variable_naming_only_missing_files_is_checked(

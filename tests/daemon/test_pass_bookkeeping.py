@@ -12,6 +12,7 @@ import pytest
 
 from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import publish, selfheal
+from hal0_reconciler.daemon.workqueue import Batch, Special
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
@@ -432,6 +433,30 @@ def test_the_status_says_what_hal0_believes_and_when_it_cannot_be_understood(
     schema.write_text(good)
     bench.full()
     assert "hal0" not in bench.passes.progress.problems, "a fixed hal0 problem stays"
+
+
+def test_a_big_batch_with_more_work_behind_it_gives_its_memory_back_after_that_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a burst the files still coming are not kept waiting for a collection: a big batch
+    taken while other keys were dirty leaves the release to the first batch taken with none
+    behind it, however small, even one that reads no slot."""
+    from hal0_reconciler.daemon import memory
+
+    released: list[int] = []
+    monkeypatch.setattr(memory, "BIG_BATCH", 3)
+    monkeypatch.setattr(memory, "release", lambda: released.append(1))
+    bench = Bench(tmp_path)
+    slots = [bench.slot(f"s{n}", "gpu-rocm", port=8100 + n) for n in range(5)]
+    keys = frozenset(SlotKey(str(p.absolute())) for p in slots)
+    bench.passes.process(Batch(keys, 5, behind=7))  # five new outcomes, more work waiting
+    assert [] == released, "a big batch collected with more work waiting"
+    bench.passes.process(Batch(frozenset({SlotKey(str(slots[0].absolute()))}), 1, behind=2))
+    assert [] == released
+    bench.passes.process(Batch(frozenset({Special.HOST_FACTS}), 1))  # nothing behind it
+    assert [1] == released, "the burst's memory was not given back once it was over"
+    bench.passes.process(Batch(frozenset({Special.HOST_FACTS}), 1))
+    assert [1] == released, "given back twice"
 
 
 def test_memory_is_given_back_after_a_batch_that_did_much_not_a_pass_that_only_looked(

@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 from watchdog.observers import Observer
 
+from hal0_reconciler import fsio
 from hal0_reconciler.daemon.watch import Trigger, Watcher
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 from helpers.daemon_host import wait_until
@@ -56,6 +57,34 @@ def test_a_rename_onto_a_slot_is_a_change_and_temp_names_are_not_slots(
     slot = str(tree / "etc/slots/agent.toml")
     wait_until(lambda: slot in keys.seen, what="the slot key")
     assert {slot} == set(keys.seen)
+
+
+def test_the_daemons_own_temp_files_are_never_queued_but_their_rename_is(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """The daemon's own atomic write (temp file created, written, owner and mode set, synced,
+    renamed) queues the slot it replaced and nothing else; a real slot file whose name looks
+    like our temp files' is queued."""
+    _, keys = watching
+    slots = tree / "etc/slots"
+
+    def settled() -> set[WorkKey]:
+        """Every key of the events so far (a marker renamed in last: events come in order)."""
+        marker = slots / "zz-marker.toml"
+        (slots / "zz-marker.part").write_text("x = 1\n")
+        (slots / "zz-marker.part").rename(marker)
+        wait_until(lambda: str(marker) in keys.seen, what="the marker's key")
+        seen = set(keys.seen) - {str(marker)}
+        keys.seen.clear()
+        return seen
+
+    (slots / "agent.toml").write_text("x = 1\n")
+    settled()
+    fsio.write_atomically(slots / "agent.toml", b"x = 2\n", uid=0, gid=0)
+    assert {str(slots / "agent.toml")} == settled(), "not the rename's key alone"
+    lookalike = slots / f"agent{fsio.TEMP_MARKER}1234.toml"
+    lookalike.write_text("x = 1\n")
+    assert {str(lookalike)} == settled(), "a slot named like our temp files was not queued"
 
 
 def test_a_slot_moved_out_is_enqueued_to_be_forgotten(

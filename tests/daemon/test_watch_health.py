@@ -159,13 +159,20 @@ def test_a_failed_watch_is_retried_and_its_recovery_said(tree: Path) -> None:
     ]
 
 
-def test_events_wake_the_main_loop(tree: Path) -> None:
-    """Every enqueued event also wakes the main loop (it decides when the batch is due)."""
+def test_slot_events_do_not_wake_the_main_loop_a_new_slots_folder_does(tree: Path) -> None:
+    """The worker takes slot keys from the queue by itself: a slot event wakes nobody else (a
+    burst of new files is thousands of events); the slots folder re-created wakes the main
+    loop at once, to watch the new folder."""
     keys = Keys()
+    slots = tree / "etc/slots"
     with _watcher(tree, keys):
-        (tree / "etc/slots/agent.toml").write_text("x = 1\n")
-        wait_until(lambda: keys.seen, what="the event")
-        assert keys.wakes >= 1, "an event was enqueued without waking the main loop"
+        for n in range(5):
+            (slots / f"agent{n}.toml").write_text("x = 1\n")
+        wait_until(lambda: len(set(keys.seen)) >= 5, what="the slot events")
+        assert 0 == keys.wakes, f"{keys.wakes} wake-ups of the main loop for slot events"
+        shutil.rmtree(slots)
+        slots.mkdir()
+        wait_until(lambda: keys.wakes >= 1, what="the main loop woken for the new folder")
 
 
 def test_aiter_folders_given_at_start_are_watched(tree: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from helpers.hosts import REPO
 
@@ -145,11 +146,13 @@ def test_stop_waits_for_the_running_pass_to_finish() -> None:
 def test_an_orderly_stop_fits_in_systemds_stop_budget() -> None:
     """The waits of a stop (a running pass, a restart in flight, the observer thread) add up to
     less than the unit's TimeoutStopSec: systemd never has to SIGKILL an orderly stop."""
+    from hal0_reconciler import fsio
     from hal0_reconciler.daemon import passes, watch
     from hal0_reconciler.host import units
 
     waits = {
         "worker": passes.WORKER_STOP_WAIT,
+        "fsync helpers": fsio.FSYNC_STOP_WAIT,
         "restarter": units.RESTARTER_STOP_WAIT,
         "observer": watch.OBSERVER_STOP_WAIT,
     }
@@ -158,3 +161,29 @@ def test_an_orderly_stop_fits_in_systemds_stop_budget() -> None:
         f"a stop may wait {sum(waits.values()):g}s ({waits}): over systemd's stop budget "
         f"(TimeoutStopSec={budget:g}), so an orderly stop would be killed"
     )
+
+
+def test_stopping_the_worker_ends_the_fsync_helpers_of_its_passes(tmp_path: Path) -> None:
+    """A pass's write groups leave fsync helper threads for the next group; the worker's stop
+    ends them at once (not after their idle time), so a stopped daemon leaves no thread."""
+    import threading
+    import time
+
+    from hal0_reconciler import fsio
+    from hal0_reconciler.daemon import passes, workqueue
+    from hal0_reconciler.model import SlotKey
+
+    synced = threading.Event()
+
+    def process(_batch: workqueue.Batch) -> None:
+        writes = [fsio.begin_write(tmp_path / f"f{n}", b"x", mode=0o644) for n in range(8)]
+        assert [None] * 8 == fsio.commit_writes(writes)
+        synced.set()
+
+    queue = workqueue.WorkQueue(settle=0.0, cap=0.0, clock=time)
+    with passes.Worker(queue, process):
+        queue.add(SlotKey("/s/a.toml"))
+        assert synced.wait(10), "the pass never ran"
+        assert fsio.fsync_helpers() > 0, "no helper thread to stop: the test proves nothing"
+    assert 0 == fsio.fsync_helpers()
+    assert [] == [t.name for t in threading.enumerate() if t.name == "hal0-fsync"]

@@ -43,16 +43,124 @@ def test_many_events_for_one_key_are_one_unit_of_work(queue: WorkQueue, clock: F
 
 
 def test_nothing_is_taken_inside_the_settle_window(queue: WorkQueue, clock: FakeClock) -> None:
-    """A batch is ready only 200 ms after the last event."""
+    """A key is ready only 200 ms after its own last event."""
     queue.add(A)
     clock.now += 0.15
-    queue.add(B)
+    queue.add(A)
     clock.now += 0.15
     assert queue.take(clock.now) is None
     clock.now += 0.05
     batch = queue.take(clock.now)
     assert batch is not None
-    assert (A, B) == batch.slots
+    assert (A,) == batch.slots
+
+
+def test_a_key_still_changing_stays_while_a_settled_one_is_taken(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    """A file written 200 ms ago is worked on while another is still being written: that one
+    stays dirty until its own events have been quiet for the settle window."""
+    queue.add(A)
+    clock.now += 0.15
+    queue.add(B)
+    clock.now += 0.05
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert ((A,), 1) == (batch.slots, queue.pending())
+    queue.done(batch)
+    clock.now += 0.1
+    queue.add(B)  # still being written
+    clock.now += 0.15
+    assert queue.take(clock.now) is None, "a file still changing was taken"
+    assert queue.ready_at() == pytest.approx(clock.now + 0.05)
+    clock.now += 0.05
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (B,) == batch.slots
+
+
+def test_a_key_touched_again_waits_behind_one_that_settled_meanwhile(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    """A, then B, then A again: B is ready first, 200 ms after its event, A 200 ms after its
+    second one."""
+    queue.add(A)
+    clock.now += 0.05
+    queue.add(B)
+    clock.now += 0.05
+    queue.add(A)
+    assert queue.ready_at() == pytest.approx(clock.now + 0.15)
+    clock.now += 0.15
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (B,) == batch.slots
+    queue.done(batch)
+    clock.now += 0.05
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert (A,) == batch.slots
+
+
+def test_a_batch_says_how_many_keys_were_still_dirty_behind_it(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    """``behind``: the keys left dirty when a batch was taken (the rest of a burst)."""
+    queue.add(A)
+    clock.now += 0.11
+    queue.add_many([B, SlotKey("/s/c.toml")])
+    clock.now += 0.1
+    first = queue.take(clock.now)
+    assert first is not None
+    assert ((A,), 2) == (first.slots, first.behind)
+    queue.done(first)
+    clock.now += 0.15
+    second = queue.take(clock.now)
+    assert second is not None
+    assert (2, 0) == (len(second.keys), second.behind)
+
+
+def test_a_burst_is_taken_in_batches_of_what_settled(queue: WorkQueue, clock: FakeClock) -> None:
+    """New files every 10 ms for a second: the first batch comes 200 ms after the first file,
+    not 200 ms after the last; each later one takes every file that settled meanwhile; every
+    file is taken once, each at least 200 ms after its event."""
+    keys = [SlotKey(f"/s/{n:03}.toml") for n in range(100)]
+    added: dict[SlotKey, float] = {}
+    taken: dict[SlotKey, float] = {}
+    batches: list[int] = []
+    busy_until = 0.0  # the worker is busy 50 ms with each batch
+    for step in range(200):
+        if step < len(keys):
+            queue.add(keys[step])
+            added[keys[step]] = clock.now
+        if clock.now >= busy_until:
+            batch = queue.take(clock.now)
+            if batch is not None:
+                batches.append(len(batch.keys))
+                taken.update(dict.fromkeys(batch.slots, clock.now))
+                queue.done(batch)
+                busy_until = clock.now + 0.05
+        clock.now += 0.01
+    assert set(keys) == set(taken), "a file of the burst was never taken"
+    assert all(taken[k] - added[k] >= 0.2 - 1e-9 for k in keys), "a file taken unsettled"
+    assert min(taken.values()) == pytest.approx(added[keys[0]] + 0.2)
+    assert len(batches) < 30, f"{len(batches)} batches: not grouped"
+
+
+def test_a_key_changing_for_good_is_capped_on_its_own(queue: WorkQueue, clock: FakeClock) -> None:
+    """Churn on one key does not hold back another key that settled, and is itself taken
+    2 s after its first event."""
+    queue.add(B)
+    taken: list[tuple[float, tuple[SlotKey, ...]]] = []
+    for _ in range(25):
+        queue.add(A)
+        clock.now += 0.1
+        batch = queue.take(clock.now)
+        if batch is not None:
+            taken.append((clock.now, batch.slots))
+            queue.done(batch)
+    assert [(B,), (A,)] == [slots for _, slots in taken]
+    assert 100.0 + 0.2 == pytest.approx(taken[0][0], abs=0.11)
+    assert 100.0 + 2.0 == pytest.approx(taken[1][0], abs=0.11)
 
 
 def test_continuous_churn_is_capped(queue: WorkQueue, clock: FakeClock) -> None:

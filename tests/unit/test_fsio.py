@@ -166,34 +166,78 @@ def test_an_interrupted_group_leaves_no_temp(
 def test_a_group_is_fsynced_several_at_once_and_one_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """fsync releases the GIL: several files' fsyncs are in flight together, so the file system
-    can commit them in one go; a single file is synced by the caller itself."""
+    """fsync releases the GIL: several files' fsyncs are in flight together (the caller's and
+    its helpers'), so the file system can commit them in one go; a single file is synced by
+    the caller alone."""
     lock = threading.Lock()
     state = {"now": 0, "most": 0}
     threads: set[str] = set()
+    slowest: list[int] = []  # the first fsync a helper does is slow: fsync_all waits for it
 
     def slow(fd: int) -> None:
         with lock:
             state["now"] += 1
             state["most"] = max(state["most"], state["now"])
             threads.add(threading.current_thread().name)
-        time.sleep(0.05)
+            late = threading.current_thread().name == "hal0-fsync" and not slowest
+            if late:
+                slowest.append(fd)
+        time.sleep(0.3 if late else 0.05)
         with lock:
             state["now"] -= 1
         if fd < 0:
             raise OSError(errno.EBADF, "bad")
 
+    me = threading.current_thread().name
     monkeypatch.setattr(os, "fsync", slow)
-    results = fsio.fsync_all([1, -1, 2, 3, 4, 5, 6, 7])
-    assert [None, errno.EBADF, None, None, None, None, None, None] == [
-        None if r is None else r.errno for r in results
-    ]
-    assert state["most"] > 1
-    assert {"hal0-fsync"} == threads
-    threads.clear()
-    assert [None, None] == fsio.fsync_all([1, 2])  # two are already two at once
-    assert {"hal0-fsync"} == threads
-    threads.clear()
-    assert [None] == fsio.fsync_all([1])
-    assert {threading.current_thread().name} == threads
-    assert [] == fsio.fsync_all([])
+    try:
+        results = fsio.fsync_all([1, -1, 2, 3, 4, 5, 6, 7])
+        assert 0 == state["now"], "fsync_all returned with an fsync still in flight"
+        assert [None, errno.EBADF, None, None, None, None, None, None] == [
+            None if r is None else r.errno for r in results
+        ]
+        assert state["most"] > 1
+        assert "hal0-fsync" in threads
+        assert threads <= {"hal0-fsync", me}
+        threads.clear()
+        assert [None, None] == fsio.fsync_all([1, 2])  # two are already two at once
+        assert {"hal0-fsync", me} == threads
+        threads.clear()
+        assert [None] == fsio.fsync_all([1])
+        assert {me} == threads
+        assert [] == fsio.fsync_all([])
+    finally:
+        fsio.stop_fsync_helpers()
+
+
+def test_fsync_helpers_are_kept_between_groups_and_end_when_stopped_or_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst's groups reuse the same helper threads (none started per group); stopping ends
+    them at once; idle helpers end by themselves; a group after a stop gets new ones."""
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(os, "fsync", lambda _fd: time.sleep(0.005))
+    try:
+        for _ in range(20):
+            assert [None] * 32 == fsio.fsync_all(list(range(32)))
+        helpers = fsio.FSYNC_THREADS - 1
+        assert helpers == len(started), f"{len(started)} threads started for 20 groups"
+        assert helpers == fsio.fsync_helpers()
+        fsio.stop_fsync_helpers()
+        assert (0, []) == (fsio.fsync_helpers(), [t for t in started if t.is_alive()])
+        fsio.fsync_all(list(range(4)))
+        assert 3 == fsio.fsync_helpers(), "a group after a stop has no helpers"
+        deadline = time.monotonic() + fsio.FSYNC_IDLE + 5
+        while fsio.fsync_helpers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0 == fsio.fsync_helpers(), "idle helpers did not end"
+        assert [] == [t for t in started if t.is_alive()]
+    finally:
+        fsio.stop_fsync_helpers()

@@ -19,15 +19,13 @@ miss. Writes are atomic (``fsio.write_json``); at most ``MAX_ENTRIES`` entries a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, overload
 
-from hal0_reconciler import __version__, fsio
-from hal0_reconciler.aiter import plan, tables
+from hal0_reconciler.aiter import cachefile, plan, tables
 
 CACHE_VERSION = 1
 MAX_ENTRIES = 32
@@ -257,8 +255,7 @@ class NeedsCache:
         self._used = {}
         if self._path is None or not self._dirty:
             return
-        payload = {"version": CACHE_VERSION, "package": __version__, "entries": self._entries}
-        fsio.write_json(self._path, payload, separators=(",", ":"))
+        cachefile.write(self._path, CACHE_VERSION, "entries", self._entries)
         self._dirty = False
 
     def _use(self, key: str) -> None:
@@ -268,19 +265,5 @@ class NeedsCache:
         if self._loaded or self._path is None:
             return
         self._loaded = True
-        try:
-            raw = json.loads(self._path.read_bytes())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError):
-            self._dirty = True  # unreadable or not JSON: rewritten at the next save
-            return
-        if (
-            isinstance(raw, dict)
-            and raw.get("version") == CACHE_VERSION
-            and raw.get("package") == __version__
-            and isinstance(raw.get("entries"), dict)
-        ):
-            self._entries = raw["entries"]
-        else:
-            self._dirty = True  # another format or package version: rewritten
+        # an untrusted file (unreadable, another format or version) is rewritten at the next save
+        self._entries, self._dirty = cachefile.read(self._path, CACHE_VERSION, "entries")

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler import __version__, fsio
-from hal0_reconciler.aiter import routing, tables
+from hal0_reconciler.aiter import cachefile, routing, tables
 
 CACHE_VERSION = 2
 SETTLED_NS = 1_000_000_000
@@ -183,25 +181,15 @@ class TableCache:
         self._used = set()
         if self._path is None or not self._dirty:
             return
-        payload = {"version": CACHE_VERSION, "package": __version__, "tables": self._entries}
-        fsio.write_json(self._path, payload, separators=(",", ":"))
+        cachefile.write(self._path, CACHE_VERSION, "tables", self._entries)
         self._dirty = False
 
     def _load(self) -> None:
         if self._loaded or self._path is None:
             return
         self._loaded = True
-        try:
-            raw = json.loads(self._path.read_bytes())
-        except (OSError, ValueError):
-            return  # absent or unreadable: everything is parsed again
-        if (
-            isinstance(raw, dict)
-            and raw.get("version") == CACHE_VERSION
-            and raw.get("package") == __version__
-            and isinstance(raw.get("tables"), dict)
-        ):
-            self._entries = raw["tables"]
+        # absent or untrusted: every table is parsed again (and the file then replaced)
+        self._entries, _ = cachefile.read(self._path, CACHE_VERSION, "tables")
 
 
 def _encode(table: tables.Table) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler import _log, errors, lifecycle, reconcile
+from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
 from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import hal0, units
@@ -154,6 +154,7 @@ class Worker(lifecycle.StartStop):
         self._thread.join(timeout=WORKER_STOP_WAIT)
         if self._thread.is_alive():  # say so: its file is left old (atomic writes), not torn
             log.warning("daemon.worker_abandoned", reason="a pass was still running at exit")
+        fsio.stop_fsync_helpers()  # the pass's fsync helpers (idle now, unless abandoned)
 
 
 WORKER_STOP_WAIT = 4.0
@@ -196,6 +197,7 @@ class Passes:
         # full pass with the very same outcomes (every file unchanged) changes nothing shown
         self._shown_full: tuple[reconcile.Outcome, ...] | None = None
         self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
+        self._garbage = False  # a big batch's memory is to be given back (worker only)
 
     def update_settings(self, settings: Settings) -> None:
         """A reload: the engine takes the new settings and keeps what it already reported
@@ -231,6 +233,11 @@ class Passes:
                     with self.lock:
                         self._reconciler = reconciler
                 self._process_with(batch, settings, reconciler)
+                # a flood's garbage goes back to the kernel, not kept for good; not while more
+                # work waits (the rest of a burst is not kept waiting for a collection)
+                if self._garbage and not batch.behind:
+                    self._garbage = False
+                    memory.release()
             finally:
                 if batch.aiter and self._aiter.enabled:
                     self._check_aiter()
@@ -306,8 +313,7 @@ class Passes:
         fresh = self._absorb(report, facts=facts, full=full, before=before)
         self._note_hal0(reconciler)
         if fresh >= memory.BIG_BATCH:  # not a full pass that found every file as it was
-            del report, before
-            memory.release()  # a flood's garbage goes back to the kernel, not kept for good
+            self._garbage = True
 
     def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
         """hal0's facts for the status; a source hal0 wrote in a shape we do not understand is a

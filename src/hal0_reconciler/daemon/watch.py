@@ -119,6 +119,7 @@ class _Watch:
 
     path: Path
     handler: _Handler
+    ignored: tuple[str, ...] = ()  # watchdog event classes its handler never needs
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) when scheduled
     handle: Any = None
     failure: str | None = None
@@ -154,6 +155,7 @@ class Watcher(lifecycle.StartStop):
         aiter_dirs: Iterable[Path] = (),
     ) -> None:
         self._slots_dir = slots_dir
+        self._slots_folder = str(slots_dir)  # as watchdog joins the names of its events to it
         self._dev_dir = dev_dir
         self._kfd_name = kfd_name
         self._dri_dir = dri_dir
@@ -167,7 +169,9 @@ class Watcher(lifecycle.StartStop):
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
-            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue)),
+            # watchdog adds "the folder was modified" to each file created, written or renamed
+            # in it: for the slots folder that says nothing its files' own events do not
+            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue), ("DirModifiedEvent",)),
             _Watch(slots_dir.parent, _Handler(self._slots_parent_keys, self._enqueue)),
         ]
         if dev_dir is not None:
@@ -182,8 +186,13 @@ class Watcher(lifecycle.StartStop):
 
     # -- event → keys (run on the observer thread) -----------------------------------------------
     def _enqueue(self, keys: Iterable[WorkKey]) -> None:
+        """The worker takes the keys from the queue by itself: the main loop is woken only when
+        a watch needs repair now (a watched folder came or went). Waking it for every event cost
+        a pipe write per event and a main-loop round per wake-up, on the threads a burst of new
+        files needs most."""
         self._enqueue_raw(keys)
-        self._wake()
+        if self._folder_changed.is_set():
+            self._wake()
 
     def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
         if event.event_type in _NO_CHANGE:
@@ -194,18 +203,20 @@ class Watcher(lifecycle.StartStop):
         return keys
 
     def _slot_change_keys(self, event: FileSystemEvent) -> list[WorkKey]:
+        """Plain string work, no Path per event: a burst of new files is ~4 events per file,
+        and the daemon's own writes as many again (their temp file created, written, closed,
+        renamed), all on this thread. The temp file's own events are dropped here (never a
+        slot name); its rename onto a slot file is that slot's event, by its destination."""
         keys: list[WorkKey] = []
+        folder = self._slots_folder
         for raw in _paths(event):
-            path = Path(raw)
-            if path == self._slots_dir:
+            if raw == folder:
                 if event.event_type in {"deleted", "moved"}:
                     keys.append(Special.EVERYTHING)  # the folder itself went or moved
-            elif (
-                path.parent == self._slots_dir
-                and not event.is_directory
-                and self._is_slot_name(path.name)
-            ):
-                keys.append(SlotKey(str(path)))
+                continue
+            parent, _, name = raw.rpartition("/")
+            if parent == folder and not event.is_directory and self._is_slot_name(name):
+                keys.append(SlotKey(raw))
         return keys
 
     def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
@@ -262,6 +273,7 @@ class Watcher(lifecycle.StartStop):
         for name in _OVERFLOW_LOGGERS:
             logging.getLogger(name).addHandler(self._overflow_handler)
         _watchdog_compat.report_overflows()  # watchdog 2.2 (Debian 12) would stay silent
+        _watchdog_compat.prompt_moves()  # no half-second stall behind each rename
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
@@ -381,7 +393,10 @@ class Watcher(lifecycle.StartStop):
                 continue
             try:
                 watch.handle = observer.schedule(
-                    watch.handler, str(watch.path), recursive=False, **_filtered(observer)
+                    watch.handler,
+                    str(watch.path),
+                    recursive=False,
+                    **_filtered(observer, watch.ignored),
                 )
             except OSError as exc:
                 self._failed(watch, exc)
@@ -418,11 +433,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _filtered(observer: Any) -> dict[str, Any]:
+def _filtered(observer: Any, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
     """``event_filter`` without the events every watch ignores (``_NO_CHANGE``: a file opened,
     or closed without writing), where watchdog can leave them out of the inotify mask (5.0 and
     later): then a process that only reads slot files costs the daemon nothing. Older
-    watchdog (Debian 12's 2.2) delivers them and the handler drops them."""
+    watchdog (Debian 12's 2.2) delivers them and the handler drops them. ``ignored``: the
+    names of more event classes this watch leaves out (never queued by watchdog)."""
     import inspect  # noqa: PLC0415 - once per schedule call
 
     try:
@@ -433,7 +449,7 @@ def _filtered(observer: Any) -> dict[str, Any]:
         return {}
     from watchdog import events  # noqa: PLC0415
 
-    ignored = {
+    unwanted = {
         getattr(events, "FileOpenedEvent", None),
         getattr(events, "FileClosedNoWriteEvent", None),
     }
@@ -445,6 +461,7 @@ def _filtered(observer: Any) -> dict[str, Any]:
         and issubclass(kind, events.FileSystemEvent)
         and kind is not events.FileSystemEvent
         and kind is not getattr(events, "FileSystemMovedEvent", None)
-        and kind not in ignored
+        and kind not in unwanted
+        and name not in ignored
     ]
     return {"event_filter": kinds}

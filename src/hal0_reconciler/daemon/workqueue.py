@@ -1,14 +1,17 @@
 """Keyed, level-triggered work queue with settle windows. No I/O, no watchdog; clock injected.
 
-Events are hints: each one marks a key dirty. The worker takes every dirty key at once, as one
-batch, when the queue has been quiet for ``settle`` seconds since the last event, or when the
-oldest pending event is ``cap`` seconds old (continuous churn cannot starve the worker). N events
-for one key before it is taken are one unit of work. A key added while its batch is being
-processed stays dirty and is taken again after ``done()`` (never processed twice at once).
+Events are hints: each one marks a key dirty. A key is ready when it has been quiet for
+``settle`` seconds since its own last event, or when its first pending event is ``cap`` seconds
+old (continuous churn cannot starve the worker). The worker takes every ready key at once, as
+one batch; a key still changing stays dirty, so a file being written is never judged half
+written, and a burst of new files does not wait for the whole burst to go quiet: the files
+written first are worked on while the last ones arrive (each batch takes what settled while
+the one before it ran, so batches grow with the burst). N events for one key before it is taken
+are one unit of work. A key added while its batch is being processed stays dirty and is taken
+again after ``done()`` (never processed twice at once).
 
 A key given its own :class:`Window` (the aiter check: seconds, not milliseconds) settles on its
-own clock: its events neither delay the other keys nor are hurried by them. Every other key
-shares the default window, so a burst of slot files is still one batch.
+own clock; every other key shares the default window.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -66,16 +70,62 @@ class Window:
             raise ValueError("need 0 <= settle <= cap")
 
 
-@dataclass
 class _Pending:
-    """The dirty keys of one window, and when their oldest and newest events came."""
+    """The dirty keys of one window: when each one's first and last pending events came, in
+    that order (the front of each is the key to be ready first: no scan of every key)."""
 
-    first: float
-    last: float
-    keys: set[WorkKey]
+    def __init__(self) -> None:
+        self.first: OrderedDict[WorkKey, float] = OrderedDict()  # order of first events
+        self.last: OrderedDict[WorkKey, float] = OrderedDict()  # order of last events
+        self.now: set[WorkKey] = set()  # ready at once (``settled``): nothing is in flux
+
+    def __bool__(self) -> bool:
+        return bool(self.first)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def oldest(self) -> float:
+        return next(iter(self.first.values()))
+
+    def add(self, key: WorkKey, now: float) -> None:
+        if key in self.first:
+            self.last.move_to_end(key)
+        else:
+            self.first[key] = now
+        self.last[key] = now
 
     def ready_at(self, window: Window) -> float:
-        return min(self.last + window.settle, self.first + window.cap)
+        if self.now:
+            return float("-inf")
+        return min(next(iter(self.last.values())) + window.settle, self.oldest() + window.cap)
+
+    def take(self, window: Window, now: float) -> list[WorkKey]:
+        """Remove and return the keys ready at ``now``."""
+        taken = list(self.now)
+        self.now.clear()
+        for key in taken:
+            del self.first[key], self.last[key]
+        for order, other, wait in (
+            (self.last, self.first, window.settle),
+            (self.first, self.last, window.cap),
+        ):
+            while order and next(iter(order.values())) + wait <= now:
+                key, _ = order.popitem(last=False)
+                del other[key]
+                taken.append(key)
+        return taken
+
+    def absorb(self, other: _Pending) -> None:
+        """Take ``other``'s keys (each keeps its own times; the earlier first, the later last)."""
+        firsts, lasts = dict(self.first), dict(self.last)
+        for key, at in other.first.items():
+            firsts[key] = min(at, firsts.get(key, at))
+        for key, at in other.last.items():
+            lasts[key] = max(at, lasts.get(key, at))
+        self.first = OrderedDict(sorted(firsts.items(), key=lambda kv: kv[1]))
+        self.last = OrderedDict(sorted(lasts.items(), key=lambda kv: kv[1]))
+        self.now |= other.now
 
 
 _DEFAULT: None = None  # the group of every key without a window of its own
@@ -87,6 +137,7 @@ class Batch:
 
     keys: frozenset[WorkKey]
     events: int
+    behind: int = 0  # keys still dirty when it was taken (more work is coming)
 
     @property
     def everything(self) -> bool:
@@ -142,13 +193,7 @@ class WorkQueue:
         return self._windows.get(group, self._default) if group is not None else self._default
 
     def _merge(self, pending: _Pending) -> None:
-        into = self._groups.get(_DEFAULT)
-        if into is None:
-            self._groups[_DEFAULT] = pending
-            return
-        into.first = min(into.first, pending.first)
-        into.last = max(into.last, pending.last)
-        into.keys |= pending.keys
+        self._groups.setdefault(_DEFAULT, _Pending()).absorb(pending)
 
     # -- producers -------------------------------------------------------------------------
     def add(self, key: WorkKey, *, settled: bool = False) -> None:
@@ -166,12 +211,10 @@ class WorkQueue:
                 group = key if key in self._windows else _DEFAULT
                 pending = self._groups.get(group)
                 if pending is None:
-                    pending = self._groups[group] = _Pending(now, now, {key})
-                else:
-                    pending.last = now
-                    pending.keys.add(key)
+                    pending = self._groups[group] = _Pending()
+                pending.add(key, now)
                 if settled:
-                    pending.first = now - self._window(group).cap  # ready now
+                    pending.now.add(key)
                 self._events += 1
                 added = True
             if added:
@@ -196,7 +239,7 @@ class WorkQueue:
     def take(self, now: float) -> Batch | None:
         """Move every dirty key that is ready at ``now`` to processing; else None.
 
-        Keys whose own window has not settled yet stay dirty. Returns None while the previous
+        Keys that have not settled yet stay dirty. Returns None while the previous
         batch is still being processed (call ``done`` first).
         """
         with self._cond:
@@ -205,13 +248,18 @@ class WorkQueue:
     def _take_locked(self, now: float) -> Batch | None:
         if self._processing:
             return None
-        ready = [g for g, p in self._groups.items() if p.ready_at(self._window(g)) <= now]
-        if not ready:
+        taken: list[WorkKey] = []
+        for group, pending in list(self._groups.items()):
+            taken += pending.take(self._window(group), now)
+            if not pending:
+                del self._groups[group]
+        if not taken:
             return None
-        keys = frozenset(k for g in ready for k in self._groups.pop(g).keys)
+        keys = frozenset(taken)
         if Special.EVERYTHING in keys:
             keys = frozenset({Special.EVERYTHING})  # a full pass covers every other ready key
-        batch = Batch(keys=keys, events=self._events)
+        behind = sum(len(p) for p in self._groups.values())
+        batch = Batch(keys=keys, events=self._events, behind=behind)
         self._processing = keys
         self._events = 0
         return batch
@@ -226,12 +274,12 @@ class WorkQueue:
     # -- observers ---------------------------------------------------------------------------
     def pending(self) -> int:
         with self._cond:
-            return sum(len(p.keys) for p in self._groups.values())
+            return sum(len(p) for p in self._groups.values())
 
     def oldest_pending_age(self, now: float) -> float:
         """How long the oldest dirty key has waited (0.0 when none waits)."""
         with self._cond:
-            firsts = [p.first for p in self._groups.values()]
+            firsts = [p.oldest() for p in self._groups.values()]
             return max(0.0, now - min(firsts)) if firsts else 0.0
 
     # -- the consumer's blocking wait ------------------------------------------------------------
