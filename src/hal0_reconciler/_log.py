@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import threading
+import types
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
@@ -209,20 +210,44 @@ def _structlog() -> Any:
 
 
 def _import_structlog(*, console: bool) -> None:
-    """Import structlog; without ``rich`` unless the log is for a person at a terminal.
+    """Import structlog; without ``rich`` unless the log is for a person at a terminal, and
+    without asyncio until something asks for it.
 
     structlog loads rich (when installed) for its console renderer's tracebacks; the journal
     and JSON formats never use it, and it is the larger half of structlog's import. A reload
-    that switches to ``console`` keeps structlog's plain traceback formatter."""
+    that switches to ``console`` keeps structlog's plain traceback formatter. structlog's
+    stdlib and level modules ``import asyncio`` (with ssl, ~20 ms) only for their ``async``
+    log methods, which this package never calls: they get a stand-in (``_Deferred``) that
+    imports asyncio at its first attribute lookup."""
     with _IMPORTING:  # two threads logging their first events: one does this
-        if console or "rich" in sys.modules or "structlog" in sys.modules:
-            importlib.import_module("structlog")
+        if "structlog" in sys.modules:
             return
-        sys.modules["rich"] = None  # type: ignore[assignment]  # the import system: "not there"
+        stand_ins: dict[str, types.ModuleType | None] = {}
+        if not console and "rich" not in sys.modules:
+            stand_ins["rich"] = None  # the import system: "not there"
+        if "asyncio" not in sys.modules:
+            stand_ins["asyncio"] = _Deferred("asyncio")
+        sys.modules.update(stand_ins)  # type: ignore[arg-type]  # None: "not there"
         try:
             importlib.import_module("structlog")
         finally:
-            sys.modules.pop("rich", None)
+            for name, stand_in in stand_ins.items():
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]  # an import from now on gets the real module
+
+
+class _Deferred(types.ModuleType):
+    """A module name bound to this imports the real module at its first attribute lookup
+    (whatever is looked up, at import time or later, comes from the real module)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__spec__ = None  # the import statement binds it as it is, loading nothing
+
+    def __getattr__(self, attr: str) -> Any:
+        if sys.modules.get(self.__name__) is self:  # looked up while structlog loads
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 def configure(fmt: LogFormat, level: str) -> LogFormat:

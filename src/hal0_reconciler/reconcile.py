@@ -143,7 +143,7 @@ _SAME = frozenset({OutcomeStatus.UNCHANGED, OutcomeStatus.SKIPPED, OutcomeStatus
 """Outcomes an unchanged file gets again in the same context (kept with the file's parse)."""
 
 
-def _keyed(paths: Iterable[Path]) -> list[tuple[SlotKey, Path | str]]:
+def _keyed(paths: Iterable[Path]) -> list[tuple[SlotKey, Path]]:
     return [(slot_key(p), p) for p in paths]
 
 
@@ -202,6 +202,8 @@ class Reconciler:
             else seen.SeenSlots.load(seen_file, scope=_seen_scope(settings))
         )
         self._reported_outcome: dict[SlotKey, Outcome] = {}  # the outcome last reported
+        # the folder, its names as listed, and the slot files' keys and names made of them
+        self._last_listing: tuple[str, list[str], list[SlotKey], list[str]] | None = None
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
@@ -240,24 +242,60 @@ class Reconciler:
         if apply and not self._temps_checked:
             self._temps_checked = True
             self._remove_leftover_temps(wait=False)
-        outcomes: list[Outcome | None] = []  # None: a relabel its write group has not done yet
+        if paths is None:
+            keys, names = self._listing()
+            known: list[Path] | list[str] = names
+        else:
+            keyed = _keyed(paths)
+            keys, known = [k for k, _ in keyed], [p for _, p in keyed]
+        # an unchanged file judged in this same context (and not ours to look at again: fought
+        # over, demoted by us) has its outcome from the memory, with one lstat; None: looked at
+        # below. Those outcomes were reported when they were made.
+        outcomes: list[Outcome | None]
+        outcomes, todo = self._seen.same_outcomes(
+            keys, apply=apply, skip=self._ledger.keys() | frozenset(hands_off)
+        )
+        made = self._look_at(todo, outcomes, keys, known, facts, hands_off=hands_off, apply=apply)
+        if paths is None and not self._is_cancelled():
+            self._drop_unlisted(keys)
+        done = self._sync_folders(cast("list[Outcome]", outcomes), made)  # every group written
+        for at in made:
+            o = done[at]
+            self._seen.note_outcome(o.key, o, apply=apply, keep=o.status in _SAME)
+        if facts.amd and apply:
+            self._report_new([done[at] for at in made], facts)
+        return PassReport(tuple(done), time.monotonic() - started)
+
+    def _is_cancelled(self) -> bool:
+        return self._cancelled is not None and self._cancelled()
+
+    def _look_at(
+        self,
+        todo: list[int],
+        outcomes: list[Outcome | None],
+        keys: list[SlotKey],
+        known: list[Path] | list[str],
+        facts: HostFacts,
+        *,
+        hands_off: Collection[SlotKey],
+        apply: bool,
+    ) -> list[int]:
+        """Each file at a place in ``todo``, in order: its outcome in its place (a relabel's
+        when its write group is written). Stopping, the outcomes end before the first file not
+        looked at. Returns the places of the outcomes made here."""
+        made: list[int] = []
         group: list[_Write] = []
         folder = self._settings.slots_dir
-        cancelled = self._cancelled
-        listing = self._listing() if paths is None else _keyed(paths)
-        for key, known in listing:
-            if cancelled is not None and cancelled():
-                break  # stopping: between two files, never half-way through one
+        for at in todo:
+            if self._is_cancelled():
+                del outcomes[at:]  # stopping: between two files, never half-way through one
+                break
+            key, name = keys[at], known[at]
+            path = name if isinstance(name, Path) else folder / name
+            made.append(at)
             if key in hands_off:
-                path = known if isinstance(known, Path) else folder / known
-                outcomes.append(Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF))
+                outcomes[at] = Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF)
                 continue
-            demoted = key in self._ledger
-            same = None if demoted else self._seen.same_outcome(key, apply=apply)
-            if same is not None:  # a settled, unchanged file judged in this same context
-                outcomes.append(same)
-                continue
-            path = known if isinstance(known, Path) else folder / known
             try:
                 outcome = self._reconcile_one(path, key, facts, apply=apply)
             except Exception as exc:  # whatever one file raises, the pass goes on
@@ -265,46 +303,52 @@ class Reconciler:
                 message = f"could not be processed: {errors.describe(exc)}"
                 outcome = Outcome(key, path, None, None, OutcomeStatus.UNREADABLE, message=message)
             if isinstance(outcome, _Write):  # written with its group, under hal0's lock
-                outcome.at = len(outcomes)
-                outcomes.append(None)
+                outcome.at = at
                 group.append(outcome)
                 if len(group) >= WRITE_GROUP:
                     self._write_group(group, outcomes, facts)
                     group = []
                 continue
-            self._seen.note_outcome(key, outcome, apply=apply, keep=outcome.status in _SAME)
-            outcomes.append(outcome)
+            outcomes[at] = outcome
         if group:  # decided before a stop, if any: written now
             self._write_group(group, outcomes, facts)
-        if paths is None and not (cancelled is not None and cancelled()):
-            self._drop_unlisted({key for key, _ in listing})
-        done = self._sync_folders(cast("list[Outcome]", outcomes))  # every group written
-        if facts.amd and apply:
-            self._report_new(done, facts)
-        return PassReport(tuple(done), time.monotonic() - started)
+        return made
 
-    def _listing(self) -> list[tuple[SlotKey, Path | str]]:
-        """Every slot file's key (its path made absolute) and name: no Path object each."""
+    def _listing(self) -> tuple[list[SlotKey], list[str]]:
+        """Every slot file's key (its path made absolute) and name: no Path object each (the
+        same lists as last time when the folder lists the same names in the same order)."""
         folder = self._settings.slots_dir
         base = str(folder if folder.is_absolute() else folder.absolute())
+        listed = store.list_folder(folder)
+        last = self._last_listing
+        if last is not None and last[0] == base and last[1] == listed:
+            return last[2], last[3]
         prefix = base if base.endswith("/") else base + "/"  # str keys, not 10k Path objects
-        return [(SlotKey(prefix + n), n) for n in store.list_slot_names(folder)]
+        names = store.slot_names(listed)
+        keys = cast("list[SlotKey]", [prefix + n for n in names])
+        self._last_listing = (base, listed, keys, names)
+        return keys, names
 
-    def _drop_unlisted(self, listed: set[SlotKey]) -> None:
+    def _drop_unlisted(self, keys: list[SlotKey]) -> None:
         """After a full listing: a slot file deleted with no pass over it is gone all the same
         (its parse, reported problems and our demotion record go, as when a pass finds it
         gone)."""
+        listed = set(keys)
         self._seen.keep_only(listed)
+        if self._reported_outcome.keys() <= listed and self._ledger.keys() <= listed:
+            return  # nothing reported of a file that is not there
         folder = self._settings.slots_dir.absolute()
         for key in {*self._reported_outcome, *self._ledger.keys()} - listed:
             if Path(key).parent == folder:
                 self.forget(key)
                 self._ledger.drop(key)
 
-    def _sync_folders(self, outcomes: list[Outcome]) -> list[Outcome]:
+    def _sync_folders(self, outcomes: list[Outcome], made: list[int]) -> list[Outcome]:
         """fsync each folder a file was renamed into, once for the whole pass, before anything
-        is reported or restarted; a folder that cannot be synced fails its relabels."""
-        folders = {o.path.parent for o in outcomes if o.status is OutcomeStatus.RELABELED}
+        is reported or restarted; a folder that cannot be synced fails its relabels (``made``:
+        the places of the outcomes made in this pass; the others are from the memory)."""
+        relabeled = OutcomeStatus.RELABELED
+        folders = {outcomes[at].path.parent for at in made if outcomes[at].status is relabeled}
         failed: dict[Path, tuple[str, int | None]] = {}
         for folder in sorted(folders):
             try:
@@ -382,10 +426,6 @@ class Reconciler:
             for w in group:
                 if outcomes[w.at] is None:
                     outcomes[w.at] = _write_failed(w.key, w.path, w.doc, w.verdict, exc)
-        for w in group:
-            outcome = outcomes[w.at]
-            assert outcome is not None  # noqa: S101 - each one was given its outcome above
-            self._seen.note_outcome(w.key, outcome, apply=True, keep=outcome.status in _SAME)
 
     def _write_under_lock(
         self, group: list[_Write], outcomes: list[Outcome | None], facts: HostFacts

@@ -1,18 +1,23 @@
 """The daemon's costs as behaviour: READY's first pass does not wait for a settle window; a
 batch that changed nothing (the echo of its own write) rewrites neither status.json nor the
-metrics; status.json re-renders only the slot entries that changed."""
+metrics; status.json re-renders only the slot entries that changed; the start runs without the
+cyclic garbage collector, which is on again (and has collected) once READY is out."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.daemon import statusjson
+from hal0_reconciler import reconcile
+from hal0_reconciler.daemon import memory, notify, statusjson
 from hal0_reconciler.daemon.workqueue import Special, WorkQueue
 from hal0_reconciler.model import SlotKey
 from helpers.daemon_host import Host, drop_slot, running, wait_until
@@ -202,3 +207,65 @@ def test_any_sequence_of_slot_changes_renders_like_a_full_render(
         else:
             shown = json.loads(incremental.render(slots, changed={key}).joined())
         assert json.loads(statusjson.SlotsJson().render(slots).joined()) == shown
+
+
+class _Recorded:
+    """The environment's notifier, noting READY=1 in a shared list of events."""
+
+    def __init__(self, events: list[str]) -> None:
+        self._real = notify.from_environment()
+        self._events = events
+
+    def ready(self) -> None:
+        self._events.append("ready")
+        self._real.ready()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_the_start_runs_without_the_collector_and_collects_after_ready(
+    host: Host, notify_socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first pass (here over BIG_BATCH slot files: its garbage is released) runs with the
+    cyclic collector off; READY=1 goes out before any full collection; then the collector is
+    on again and a full collection has run."""
+    for n in range(memory.BIG_BATCH + 10):
+        drop_slot(host.slots, f"s{n}", device="gpu-rocm", port=9000 + n)
+    during_pass: list[bool] = []
+    real_reconcile = reconcile.Reconciler.reconcile
+
+    def spy(self: reconcile.Reconciler, *args: Any, **kwargs: Any) -> reconcile.PassReport:
+        during_pass.append(gc.isenabled())
+        return real_reconcile(self, *args, **kwargs)
+
+    monkeypatch.setattr(reconcile.Reconciler, "reconcile", spy)
+    events: list[str] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            events.append("full collection")
+
+    gc.callbacks.append(on_gc)
+    try:
+        with running(host.settings(), notifier=_Recorded(events)):
+            notify_socket.wait_for("READY=1")
+            wait_until(gc.isenabled, what="the collector on again after READY")
+            wait_until(lambda: "full collection" in events, what="a full collection")
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.enable()
+    assert [False] == during_pass[:1]
+    assert "ready" == events[0]
+
+
+def test_only_the_very_outcomes_shown_make_a_pass_that_changed_nothing() -> None:
+    """The full pass's shortcut (nothing to fold into the status) needs the very same objects,
+    all of them: an equal outcome made anew, or a pass cut short by a stop, is not it."""
+    from hal0_reconciler.daemon import passes
+
+    a, b = ["unchanged"], ["unchanged"]
+    assert passes._same_objects((a, b), (a, b))
+    assert not passes._same_objects((a, list(b)), (a, b))  # equal, but made anew
+    assert not passes._same_objects((a,), (a, b))  # stopped half-way
+    assert not passes._same_objects((a, b), (a,))

@@ -213,3 +213,66 @@ def test_status_and_reload_load_no_host_or_hal0_reader(
         "hal0_reconciler.reconcile",
     }
     assert set() == host & loaded
+
+
+def test_structlog_loads_without_asyncio_until_something_asks_for_it() -> None:
+    """structlog imports asyncio (and ssl) only for its ``async`` log methods: the first event
+    does not load it; an import of asyncio afterwards is the real module, and structlog's own
+    ``async`` methods still work (their ``asyncio`` loads it at first use)."""
+    code = (
+        "import sys\n"
+        "from hal0_reconciler import _log, settings\n"
+        "_log.configure(settings.LogFormat.JSON, 'info')\n"
+        "_log.get_logger('t').info('first')\n"
+        "print('asyncio' in sys.modules, 'ssl' in sys.modules, flush=True)\n"
+        "import structlog.stdlib\n"
+        "structlog.stdlib.asyncio.get_running_loop\n"
+        "import asyncio\n"
+        "assert type(sys.modules['asyncio']).__name__ == 'module'\n"
+        "assert asyncio.run is sys.modules['asyncio'].run\n"
+        "asyncio.run(structlog.get_logger('t').ainfo('awaited'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=50,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    assert "False False" == done.stdout.strip()
+    events = [json.loads(line)["event"] for line in done.stderr.splitlines()]
+    assert ["first", "awaited"] == events
+
+
+@pytest.mark.parametrize("verb", ["run", "plan"])
+def test_the_daemon_loads_itself_without_the_collector(
+    host_dirs: dict[str, Path], verb: str
+) -> None:
+    """`run` turns the cyclic garbage collector off at the entry point (the daemon turns it on
+    again after READY); the other verbs keep it."""
+    code = (
+        "import gc, sys, json\n"
+        "from hal0_reconciler.daemon import runner\n"
+        "from hal0_reconciler import cli\n"
+        "def seen(*args, **kwargs):\n"
+        "    print(gc.isenabled())\n"
+        "    return 0\n"
+        "runner.run = seen\n"
+        "cli._plan = seen\n"
+        "from hal0_reconciler import _entry\n"
+        "sys.argv[1:] = json.loads(sys.argv[1])\n"
+        "sys.exit(_entry.main())\n"
+    )
+    argv = [verb, *host_args(host_dirs)]
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=50,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    assert str(verb != "run") == done.stdout.strip()

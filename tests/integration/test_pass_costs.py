@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from hal0_reconciler import fsio
-from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
+from hal0_reconciler.reconcile import OutcomeStatus, Reconciler, slot_key
 from helpers.hal0_tree import Hal0Tree
 from helpers.hosts import ROCM_UNUSABLE, ROCM_USABLE
 
@@ -40,6 +40,39 @@ def test_an_unchanged_file_is_not_parsed_again(
     assert 3 == len(parses)  # recognised by their settled identity
     assert [o.status for o in first.outcomes] == [o.status for o in again.outcomes]
     assert {OutcomeStatus.PENDING} == {o.status for o in again.outcomes}
+
+
+def test_an_unchanged_file_handed_off_is_hands_off_not_its_remembered_outcome(
+    host_dirs: dict[str, Path], make_settings, parses: list[str], settled_at_once: None
+) -> None:
+    """A full pass gives an unchanged file its remembered outcome, except for a slot the daemon
+    stopped fighting over: that one is hands-off, and gets its outcome again once released."""
+    paths = _fill(host_dirs["slots_dir"], 2)
+    engine = Reconciler(make_settings())
+    first = engine.reconcile(ROCM_USABLE, apply=False)
+    off = engine.reconcile(ROCM_USABLE, apply=False, hands_off={slot_key(paths[0])})
+    assert [OutcomeStatus.HANDS_OFF, OutcomeStatus.PENDING] == [o.status for o in off.outcomes]
+    assert off.outcomes[1] is first.outcomes[1]  # the other one: from the memory
+    back = engine.reconcile(ROCM_USABLE, apply=False)
+    assert [OutcomeStatus.PENDING] * 2 == [o.status for o in back.outcomes]
+    assert 2 == len(parses)
+
+
+def test_a_full_pass_after_a_move_to_another_folder_lists_that_folder(
+    host_dirs: dict[str, Path], make_settings, settled_at_once: None
+) -> None:
+    """The same names in another slots folder (a reload that moved it): the pass is over the
+    new folder's files, not the keys made for the old one."""
+    _fill(host_dirs["slots_dir"], 2)
+    other = host_dirs["slots_dir"].parent / "moved"
+    other.mkdir()
+    _fill(other, 2)
+    engine = Reconciler(make_settings())
+    engine.reconcile(ROCM_USABLE, apply=False)
+    engine.update_settings(make_settings(slots_dir=str(other)))
+    moved = engine.reconcile(ROCM_USABLE, apply=False)
+    assert [other / "s0.toml", other / "s1.toml"] == [o.path for o in moved.outcomes]
+    assert [str(other / "s0.toml"), str(other / "s1.toml")] == [o.key for o in moved.outcomes]
 
 
 def test_a_touched_file_with_the_same_bytes_is_recognised_by_its_content(

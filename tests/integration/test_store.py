@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from hal0_reconciler import fsio
 from hal0_reconciler.errors import LockTimeout, WriteRefused
@@ -36,6 +38,24 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another owne
 def test_only_toml_files_are_slots(name: str, expected: bool) -> None:
     """`*.toml` files are slots; writer temp files and editor litter are not."""
     assert expected == store.is_slot_file_name(name)
+
+
+@settings(max_examples=300)
+@example(["s1.toml", ".s0.toml", "a.toml~", "a.toml"])
+@given(
+    st.lists(
+        st.builds(
+            "".join,
+            st.lists(
+                st.sampled_from(["", ".", "a", "s1", ".toml", "toml", "~", ".swp", ".swx", ".tmp"]),
+                max_size=4,
+            ),
+        )
+    )
+)
+def test_a_listing_keeps_exactly_the_slot_file_names_sorted(names: list[str]) -> None:
+    """The full pass's listing spells ``is_slot_file_name`` out: the same names, sorted."""
+    assert sorted(n for n in names if store.is_slot_file_name(n)) == store.slot_names(names)
 
 
 def test_listing_a_missing_directory_is_empty(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -102,3 +104,30 @@ def test_forgotten_and_unlisted_files_are_dropped() -> None:
     slots = _remembered(ctime_ns=old, read_at_ns=NOW)
     slots.forget(KEY)
     assert slots.by_identity(KEY, _stat(old), demoted=False, decide=_decided([])) is None
+
+
+def test_only_a_settled_read_gives_its_outcome_back_by_identity(tmp_path: Path) -> None:
+    """``same_outcomes`` (a full pass: one lstat each) gives back a noted outcome only for a
+    settled read of the file as it is now; a racy read, or one found racy again by its
+    content, never (only the content can tell); nor for a slot demoted by us."""
+    path = tmp_path / "a.toml"
+    path.write_bytes(DATA)
+    key = SlotKey(str(path))
+    st = os.lstat(path)
+    settled_at, racy_at = st.st_ctime_ns + 2 * seen.SETTLED_NS, st.st_ctime_ns
+    slots = seen.SeenSlots()
+    slots.judge_with("context")
+    slots.remember(key, DATA, st, DOC, _verdict(), read_at_ns=racy_at, demoted=False)
+    slots.note_outcome(key, "outcome", apply=True, keep=True)
+    assert ([None], [0]) == slots.same_outcomes([key], apply=True, skip=())
+    slots.remember(key, DATA, st, DOC, _verdict(), read_at_ns=settled_at, demoted=False)
+    slots.note_outcome(key, "outcome", apply=True, keep=True)
+    assert (["outcome"], []) == slots.same_outcomes([key], apply=True, skip=())
+    assert ([None], [0]) == slots.same_outcomes([key], apply=False, skip=())  # a dry run's own
+    assert ([None], [0]) == slots.same_outcomes([key], apply=True, skip={key})
+    hit = slots.by_content(key, DATA, st, read_at_ns=racy_at, demoted=False, decide=_decided([]))
+    assert hit is not None  # the same bytes, read racy now: no outcome until noted again
+    assert ([None], [0]) == slots.same_outcomes([key], apply=True, skip=())
+    slots.remember(key, DATA, st, DOC, _verdict(), read_at_ns=settled_at, demoted=True)
+    slots.note_outcome(key, "outcome", apply=True, keep=True)
+    assert ([None], [0]) == slots.same_outcomes([key], apply=True, skip=())  # ours: judged anew

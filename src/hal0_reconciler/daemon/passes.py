@@ -11,7 +11,7 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 from __future__ import annotations
 
 import errno
-import hashlib
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +67,8 @@ def lane_metric_state(facts: HostFacts) -> str:
 def digest(path: Path) -> str | None:
     """The content digest of a regular slot file; None when it is gone or not a regular file
     (never opening a FIFO, which would block the worker for good, nor following a symlink)."""
+    import hashlib  # noqa: PLC0415 - OpenSSL loads with the first fight, not before READY
+
     try:
         return hashlib.sha256(store.read_slot(path).data).hexdigest()
     except (OSError, ReconcilerError):
@@ -191,6 +193,9 @@ class Passes:
         self._wake = wake
         # per slot: the last outcome and the status entry made of it (same outcome, same entry)
         self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
+        # the outcomes of the full pass the progress shows, while no other pass came since: a
+        # full pass with the very same outcomes (every file unchanged) changes nothing shown
+        self._shown_full: tuple[reconcile.Outcome, ...] | None = None
         self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
         self._garbage = False  # a big batch's memory is to be given back (worker only)
 
@@ -371,29 +376,37 @@ class Passes:
     ) -> int:
         """Fold a pass into the progress; returns how many of its outcomes are new (not the very
         outcome an unchanged file had last time): what the pass did, beyond looking."""
-        seen, fresh = self._status_entries(report, full=full, before=before)
-        self._note_write_failures(report)
+        shown, self._shown_full = self._shown_full, None
+        outcomes = report.outcomes
+        # every file as it was: the same outcome objects as the full pass shown (so none is a
+        # relabel, a failure or gone: those are made anew each time), nothing to fold in
+        same = full and shown is not None and _same_objects(outcomes, shown)
+        relabeled: tuple[reconcile.Outcome, ...] = () if same else report.relabeled
+        fresh = 0
+        if not same:
+            seen, fresh = self._status_entries(report, full=full, before=before)
+            self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
             p = self.progress
-            changed = _merge_slots(p, seen, report.outcomes, full=full)
+            changed = False if same else _merge_slots(p, seen, outcomes, full=full)
             p.passes += 1
             p.full_passes += int(full)
-            p.relabels_total += len(report.relabeled)
+            p.relabels_total += len(relabeled)
             p.last_pass_at = now_wall
             p.last_duration = report.duration
             if full:
                 p.last_full_pass = self._clock.monotonic()
             m = p.metrics
             m.passes = p.passes
-            for o in report.relabeled:
+            for o in relabeled:
                 target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
                 m.relabels[target] = m.relabels.get(target, 0) + 1
                 reason = o.verdict.reason if o.verdict is not None else None
                 m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
                 m.restores += reason is Reason.RESTORE_OWN_DEMOTION
             hands_off = len(self.fights.hands_off)
-            changed = changed or bool(report.relabeled) or m.hands_off != hands_off
+            changed = changed or bool(relabeled) or m.hands_off != hands_off
             m.slots = len(p.slots)
             m.hands_off = hands_off
             m.pass_duration = report.duration
@@ -402,6 +415,8 @@ class Passes:
             m.rocm_lane = lane_metric_state(facts)
             if changed:
                 p.revision += 1
+        if full:
+            self._shown_full = outcomes
         return fresh
 
     def _status_entries(
@@ -519,6 +534,11 @@ class Passes:
         with self.lock:
             if self.progress.problems.pop(key, None) is not None:
                 self.progress.revision += 1
+
+
+def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """``a`` and ``b`` hold the very same objects, in order (not only equal ones)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _merge_slots(

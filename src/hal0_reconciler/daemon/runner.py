@@ -24,6 +24,7 @@ from typing import Any
 from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import (
+    memory,
     notify,
     passes,
     publish,
@@ -189,6 +190,13 @@ class Runner:
 
     def serve(self) -> int:
         """Run until ``request_stop``; returns the exit code."""
+        memory.hold()  # until READY (the entry point held it already for `run`)
+        try:
+            return self._serve()
+        finally:
+            memory.resume()
+
+    def _serve(self) -> int:
         settings = self._settings
         for folder in (settings.runtime_dir, settings.state_dir):
             try:
@@ -310,6 +318,7 @@ class Runner:
             if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
+                memory.resume()  # the start's garbage, collected now that READY is out
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval

@@ -129,8 +129,12 @@ def _fragment(
     if cached is not None and cached[0] is entry:
         return cached
     name = os.path.basename(key)  # a str: no Path objects
-    text = json.dumps(name) + ": " + json.dumps(entry, sort_keys=True, default=str)
+    text = json.dumps(name) + ": " + _encode_entry(entry)
     return entry, text.encode("utf-8")
+
+
+_encode_entry = json.JSONEncoder(sort_keys=True, default=str).encode
+"""``json.dumps(entry, sort_keys=True, default=str)``, with one encoder for every entry."""
 
 
 def dumps(snapshot: Mapping[str, Any]) -> list[bytes]:

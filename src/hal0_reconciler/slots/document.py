@@ -125,7 +125,10 @@ def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
     if raw_device is not None and not isinstance(raw_device, str):
         where = "[slot].device" if table else "device"
         raise errors.SlotParseError(f"{where} must be a string, not {type(raw_device).__name__}")
-    backend = _string(fields, "backend")
+    # the string fields (None when absent or of another type), looked up once each
+    name, kind, backend, profile, provider, image_pin, binary = (
+        value if isinstance(value := fields.get(key), str) else None for key in _STRING_FIELDS
+    )
 
     device: str
     if raw_device is not None and raw_device.strip():
@@ -138,30 +141,27 @@ def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
     return SlotDoc(
         data=data,
         table=table,
-        name=_string(fields, "name") or stem,
+        name=name or stem,
         id=_identifier(fields.get("id")),
-        type=_string(fields, "type"),
+        type=kind,
         device=device,
         device_source=source,
         raw_device=raw_device,
         backend=backend,
-        profile=_string(fields, "profile"),
-        provider=_string(fields, "provider"),
-        image_pin=_string(fields, "image_pin"),
-        binary=_string(fields, "binary"),
+        profile=profile,
+        provider=provider,
+        image_pin=image_pin,
+        binary=binary,
         server_env=_server_env(data),
     )
+
+
+_STRING_FIELDS = ("name", "type", "backend", "profile", "provider", "image_pin", "binary")
 
 
 def device_from_backend(backend: str) -> str:
     """hal0's load-time mapping of a legacy `backend` value to a device label."""
     return _BACKEND_TO_DEVICE.get(backend.strip().lower(), model.Device.CPU.value)
-
-
-def _string(fields: Mapping[str, Any], key: str) -> str | None:
-    """The value of `key` when it is a string; None when it is absent or of another type."""
-    value = fields.get(key)
-    return value if isinstance(value, str) else None
 
 
 def _identifier(value: Any) -> str | None:

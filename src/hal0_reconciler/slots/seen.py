@@ -29,6 +29,7 @@ import json
 import os
 import stat
 from collections.abc import Callable, Collection
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ MAX_FILE_BYTES = 64 << 20
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """What was read of one slot file, and the verdict made of it."""
 
@@ -184,6 +185,7 @@ class SeenSlots:
         identity, settled = identity_of(st), _settled(st, read_at_ns)
         if (identity, settled) != (entry.identity, entry.settled):
             entry.identity, entry.settled = identity, settled
+            entry.outcome = entry.outcome_for = None  # noted again for the new identity
             self._dirty = True
         return self._current(entry, demoted=demoted, decide=decide)
 
@@ -217,13 +219,41 @@ class SeenSlots:
             return None
         return entry.outcome
 
+    def same_outcomes(
+        self, keys: list[SlotKey], *, apply: bool, skip: Collection[SlotKey]
+    ) -> tuple[list[Any], list[int]]:
+        """``same_outcome`` of each key (a full pass: one lstat per file), None for a key in
+        ``skip`` too; and the places of those Nones."""
+        entries = self._entries
+        wanted = (self._generation, apply)  # noted only for settled reads, not demoted by us
+        lstat = os.lstat
+        found: list[Any] = [None] * len(keys)
+        missed: list[int] = []
+        for at, key in enumerate(keys):
+            entry = entries.get(key)
+            if entry is None or entry.outcome_for != wanted or (skip and key in skip):
+                missed.append(at)
+                continue
+            try:
+                st = lstat(key)
+            except OSError:
+                missed.append(at)
+                continue
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry.identity:
+                found[at] = entry.outcome
+            else:
+                missed.append(at)
+        return found, missed
+
     def note_outcome(self, key: SlotKey, outcome: object, *, apply: bool, keep: bool) -> None:
         """What the caller made of this file's current verdict (``keep``: it is what the
-        same file gets again in the same context)."""
+        same file gets again in the same context). Kept only for a settled read judged in
+        this context, not demoted by us: what ``same_outcome`` gives back."""
         entry = self._entries.get(key)
         if entry is None:
             return
-        if keep and entry.generation == self._generation:
+        reusable = entry.settled and not entry.demoted and entry.generation == self._generation
+        if keep and reusable:
             entry.outcome, entry.outcome_for = outcome, (self._generation, apply)
         else:
             entry.outcome, entry.outcome_for = None, None
@@ -232,9 +262,9 @@ class SeenSlots:
         if self._entries.pop(key, None) is not None:
             self._dirty = True
 
-    def keep_only(self, keys: Collection[SlotKey]) -> None:
+    def keep_only(self, keys: AbstractSet[SlotKey]) -> None:
         """After a full listing: drop the files that are no longer there, and save."""
-        for key in [k for k in self._entries if k not in keys]:
+        for key in self._entries.keys() - keys:
             del self._entries[key]
             self._dirty = True
         self.save()
@@ -283,7 +313,7 @@ def _read_saved(path: Path, scope: str) -> dict[SlotKey, _Entry]:
         if not (
             isinstance(key, str)
             and key.startswith("/")
-            and all(type(n) is int for n in identity)
+            and type(dev) is type(ino) is type(size) is type(mtime) is type(ctime) is int
             and type(settled) is bool
             and isinstance(digest, str)
             and isinstance(data, dict)

@@ -38,11 +38,24 @@ def list_slot_paths(slots_dir: Path) -> list[Path]:
 
 def list_slot_names(slots_dir: Path) -> list[str]:
     """``list_slot_paths`` as bare names (no Path objects: a full pass over 10k files)."""
+    return slot_names(list_folder(slots_dir))
+
+
+def list_folder(slots_dir: Path) -> list[str]:
+    """Every name in the folder, as the kernel lists them (empty when it is not there)."""
     try:
-        names = os.listdir(slots_dir)
+        return os.listdir(slots_dir)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [n for n in sorted(names) if is_slot_file_name(n)]
+
+
+def slot_names(names: list[str]) -> list[str]:
+    """The slot file names among ``names``, sorted."""
+    # is_slot_file_name, spelled out for the 10k names of a full pass (a name that ends with
+    # ".toml" ends with none of the litter suffixes)
+    slots = [n for n in names if n.endswith(".toml") and not n.startswith(".")]
+    slots.sort()
+    return slots
 
 
 @dataclass(frozen=True)
