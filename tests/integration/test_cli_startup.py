@@ -65,6 +65,18 @@ def test_only_a_leading_verb_builds_one_parser() -> None:
     assert ["status"] == list(choices)
 
 
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` with this checkout's src and nothing else on its paths."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=50,
+        check=False,
+    )
+
+
 def _loaded_by(argv: list[str]) -> tuple[int, set[str]]:
     """In a fresh interpreter, as the command runs: its exit code and what it imported."""
     code = (
@@ -77,14 +89,7 @@ def _loaded_by(argv: list[str]) -> tuple[int, set[str]]:
         "    print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(argv)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-        timeout=50,
-        check=False,
-    )
+    done = _python(code, json.dumps(argv))
     return done.returncode, set(json.loads(done.stderr.strip().splitlines()[-1]))
 
 
@@ -125,14 +130,7 @@ def test_structlog_loads_rich_only_for_a_person_at_a_terminal(fmt: str) -> None:
         "import rich.text\n"
         "print(loaded)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, fmt],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-        timeout=50,
-        check=False,
-    )
+    done = _python(code, fmt)
     assert 0 == done.returncode, done.stderr
     assert (fmt == "console") == (done.stdout.strip() == "True")
 
@@ -232,14 +230,7 @@ def test_structlog_loads_without_asyncio_until_something_asks_for_it() -> None:
         "assert asyncio.run is sys.modules['asyncio'].run\n"
         "asyncio.run(structlog.get_logger('t').ainfo('awaited'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-        timeout=50,
-        check=False,
-    )
+    done = _python(code)
     assert 0 == done.returncode, done.stderr
     assert "False False" == done.stdout.strip()
     events = [json.loads(line)["event"] for line in done.stderr.splitlines()]
@@ -266,13 +257,6 @@ def test_the_daemon_loads_itself_without_the_collector(
         "sys.exit(_entry.main())\n"
     )
     argv = [verb, *host_args(host_dirs)]
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(argv)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-        timeout=50,
-        check=False,
-    )
+    done = _python(code, json.dumps(argv))
     assert 0 == done.returncode, done.stderr
     assert str(verb != "run") == done.stdout.strip()
