@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from hal0_reconciler.aiter import heal, monitor
 from hal0_reconciler.daemon import selfheal, status
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+from helpers.clock import FakeClock
 from helpers.daemon_host import Host, device_of, drop_slot, running, slot_text, wait_until
 
 SMALL_TABLES = (f"{BPS}.csv", f"model_configs/{BPS}_glm5.2.csv")
@@ -209,20 +210,12 @@ class _BusyMonitor:
         return monitor.MonitorReport((), heals=(refused,) if heal else ())
 
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 def test_a_running_build_asks_for_a_retry_after_a_bounded_back_off(
     tree: aiter_support.Tree,
 ) -> None:
     """retry_soon: the next check is asked for after 5, 10, 20, 40, 60, 60 s; then no more."""
     busy = _BusyMonitor(busy=6)
-    clock = _FakeClock()
+    clock = FakeClock(50.0)
     heal_state = selfheal.SelfHeal(
         _with_aiter(Settings(), tree), factory=lambda _s: busy, clock=clock
     )
@@ -249,7 +242,7 @@ def test_the_daemon_settles_the_aiter_key_with_its_own_window(tree: aiter_suppor
     """The runner's queue holds an aiter event for [aiter].settle_window, not the slot window."""
     from hal0_reconciler.daemon import notify, runner, workqueue
 
-    clock = _FakeClock()
+    clock = FakeClock(50.0)
     settings = dataclasses.replace(
         _with_aiter(Settings(), tree, settle_window=2.5), settle_window=0.1
     )

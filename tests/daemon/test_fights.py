@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from hal0_reconciler.daemon.fights import FightDetector, LaneTracker
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from helpers.clock import FakeClock
+from helpers.hosts import ROCM_UNUSABLE as UNUSABLE
+from helpers.hosts import ROCM_USABLE as USABLE
 
 K = SlotKey("/s/agent.toml")
-USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
-UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
 
 
 def _relabel(f: FightDetector, before: str = "theirs", after: str = "ours") -> int | None:

@@ -8,22 +8,15 @@ import pytest
 
 from hal0_reconciler.daemon.workqueue import Closed, Special, Window, WorkQueue
 from hal0_reconciler.model import SlotKey
+from helpers.clock import FakeClock
 
 A = SlotKey("/s/a.toml")
 B = SlotKey("/s/b.toml")
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(100.0)
 
 
 @pytest.fixture

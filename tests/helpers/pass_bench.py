@@ -11,21 +11,14 @@ from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import passes, runner, selfheal
 from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
 from hal0_reconciler.host import units
-from hal0_reconciler.model import HostFacts, LaneState, SlotKey
+from hal0_reconciler.model import SlotKey
 from hal0_reconciler.settings import Settings
+from helpers.clock import FakeClock
 from helpers.daemon_host import slot_text
 from helpers.hal0_tree import Hal0Tree
+from helpers.hosts import ROCM_UNUSABLE, ROCM_USABLE
 
-USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
-UNUSABLE = HostFacts(amd=True, lane=LaneState.UNUSABLE)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
+USABLE, UNUSABLE = ROCM_USABLE, ROCM_UNUSABLE  # the names the pass tests import
 
 
 class FakeRestarter:
