@@ -10,3 +10,19 @@ class FakeClock:
 
     def monotonic(self) -> float:
         return self.now
+
+
+class FakeTime(FakeClock):
+    """``time`` for code that waits: ``sleep`` records the wait and moves the clock instead of
+    sleeping; a wait that never gives up fails the test after ``max_sleeps``."""
+
+    def __init__(self, now: float = 100.0, *, max_sleeps: int = 1000) -> None:
+        super().__init__(now)
+        self.sleeps: list[float] = []
+        self._max_sleeps = max_sleeps
+
+    def sleep(self, seconds: float) -> None:
+        if len(self.sleeps) > self._max_sleeps:
+            raise AssertionError("the wait never gives up")
+        self.sleeps.append(seconds)
+        self.now += seconds

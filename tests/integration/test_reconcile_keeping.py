@@ -25,6 +25,7 @@ from hal0_reconciler.model import HostFacts, Verdict
 from hal0_reconciler.reconcile import Outcome, OutcomeStatus, Reconciler, slot_key
 from hal0_reconciler.slots import document, policy, store
 from hal0_reconciler.state import DemotionLedger
+from helpers.clock import FakeTime
 from helpers.daemon_host import slot_text
 from helpers.hosts import NOT_AMD, ROCM_UNUSABLE, ROCM_USABLE
 from helpers.lock_holder import holding_lock
@@ -419,21 +420,6 @@ def test_a_write_that_fails_clears_the_leftovers_of_a_crashed_write(
         assert 'device = "gpu-rocm"' in agent.read_text()
 
 
-class _Waits:
-    """``time`` for the store: records each wait for the lock instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def test_the_start_up_look_for_leftovers_never_waits_for_the_lock(
     host_dirs: dict[str, Path], make_settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -444,7 +430,7 @@ def test_the_start_up_look_for_leftovers_never_waits_for_the_lock(
     _slot(slots, "agent", device="gpu-rocm")  # nothing to write: no other need for the lock
     leftover = fsio.temp_path_for(slots / "agent.toml")
     leftover.write_text("maybe in flight")
-    waits = _Waits()
+    waits = FakeTime()
     with holding_lock(Path(f"{slots}.lock")):
         monkeypatch.setattr(store, "time", waits)
         Reconciler(make_settings()).reconcile(ROCM_USABLE)

@@ -18,6 +18,7 @@ from hal0_reconciler.errors import LockTimeout, WriteRefused
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
 from hal0_reconciler.slots import runtime, store
 from helpers import devnodes
+from helpers.clock import FakeTime
 from helpers.hosts import ROCM_USABLE
 from helpers.lock_holder import holding_lock
 
@@ -225,28 +226,13 @@ def test_a_large_slot_file_is_read_whole(tmp_path: Path) -> None:
     assert data == store.read_slot(path).data
 
 
-class _FakeTime:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        if len(self.sleeps) > 1000:
-            raise AssertionError("the lock wait never gives up")
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def test_the_lock_is_retried_quickly_then_at_most_every_100_ms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While another process holds the lock, retries start within 5 ms and back off by doubling
     to one every 100 ms: a briefly held lock costs milliseconds, a long one little CPU."""
     lock = tmp_path / "slots.lock"
-    fake = _FakeTime()
+    fake = FakeTime()
     with holding_lock(lock):
         monkeypatch.setattr(store, "time", fake)
         with pytest.raises(LockTimeout), store.slot_write_lock(lock, timeout=2.0):

@@ -16,6 +16,9 @@ from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import units
+from helpers.fake_systemctl import restarter_overrides
+
+NO_API = "http://127.0.0.1:9"  # nothing listens there: the API cannot be reached
 
 
 def _systemctl(tmp_path: Path, output: str) -> Path:
@@ -89,14 +92,7 @@ def test_a_unit_whose_state_is_unknown_is_left_alone(tmp_path: Path) -> None:
     systemctl = tmp_path / "systemctl"
     systemctl.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     systemctl.chmod(0o755)
-    settings = settings_mod.load(
-        None,
-        {
-            "systemctl": str(systemctl),
-            "api_url": "http://127.0.0.1:9",
-            "api_env_file": str(tmp_path / "api.env"),
-        },
-    )
+    settings = settings_mod.load(None, restarter_overrides(tmp_path, NO_API, systemctl))
     request = units.RestartRequest(name="agent", token="agent")
     assert units.RestartResult.UNKNOWN_STATE == units.apply_change(settings, request, active=None)
     assert not calls.exists()
@@ -109,13 +105,7 @@ def test_a_stop_that_fails_fails_the_restart_with_both_reasons(tmp_path: Path) -
     systemctl.write_text("#!/bin/sh\necho 'Failed to stop unit: Access denied' >&2\nexit 1\n")
     systemctl.chmod(0o755)
     settings = settings_mod.load(
-        None,
-        {
-            "systemctl": str(systemctl),
-            "api_url": "http://127.0.0.1:9",
-            "api_env_file": str(tmp_path / "api.env"),
-            "api_timeout": 2,
-        },
+        None, restarter_overrides(tmp_path, NO_API, systemctl, api_timeout=2)
     )
     request = units.RestartRequest(name="agent", token="agent")
     with capture_logs() as logs:
