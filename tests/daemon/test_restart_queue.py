@@ -39,6 +39,14 @@ def _restarted(api: Hal0Api) -> list[str]:
     return [path.split("/")[3] for _, path, _ in api.requests]
 
 
+def _slow(tmp_path: Path, systemctl: FakeSystemctl, seconds: float) -> Path:
+    """A systemctl that answers as ``systemctl`` does, ``seconds`` late."""
+    slow = tmp_path / "slow"
+    slow.write_text(f'#!/bin/sh\nsleep {seconds}\nexec {systemctl.path} "$@"\n')
+    slow.chmod(0o755)
+    return slow
+
+
 def test_a_flood_of_deferred_restarts_runs_each_unit_once_at_its_turn(tmp_path: Path) -> None:
     """300 slots restarted, then each relabelled twice more at once: every one waits out
     restart_min_interval (pending says so), then is restarted exactly once more."""
@@ -237,9 +245,7 @@ def test_the_restarter_says_whether_it_runs_and_how_long_it_has_been_busy(
         never_started = units.Restarter(_settings(tmp_path, systemctl, api, 60))
         never_started.stop()
         assert not never_started.is_alive()
-    slow = tmp_path / "slow"
-    slow.write_text(f'#!/bin/sh\nsleep 1.5\nexec {systemctl.path} "$@"\n')
-    slow.chmod(0o755)
+    slow = _slow(tmp_path, systemctl, 1.5)
     with Hal0Api() as api:
         settings = settings_mod.load(
             None, {**_overrides(tmp_path, systemctl, api), "systemctl": str(slow)}
@@ -350,9 +356,7 @@ def test_a_turn_moved_later_while_the_restarter_is_busy_is_not_taken_early(
     """The restarter is busy with another slot while a waiting slot's turn moves later (two
     reloads), and its first turn passes meanwhile: it still runs at its later turn."""
     systemctl = _active(tmp_path, ["agent", "other"])
-    slow = tmp_path / "slow"
-    slow.write_text(f'#!/bin/sh\nsleep 1\nexec {systemctl.path} "$@"\n')
-    slow.chmod(0o755)
+    slow = _slow(tmp_path, systemctl, 1)
     with Hal0Api() as api:
         settings = settings_mod.load(
             None, {**_overrides(tmp_path, systemctl, api), "systemctl": str(slow)}
