@@ -1,0 +1,80 @@
+"""The bounded reader: regular files only, never blocking, never following, never over the cap."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import boundedread
+
+
+def _refusal(path: Path, **kwargs: object) -> str:
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        boundedread.read_bounded(path, max_bytes=10, **kwargs)  # type: ignore[arg-type]
+    return caught.value.reason
+
+
+def test_a_regular_file_within_its_cap_is_read_whole(tmp_path: Path) -> None:
+    """A regular file of exactly the cap is read whole."""
+    (tmp_path / "f").write_bytes(b"0123456789")
+    assert b"0123456789" == boundedread.read_bounded(tmp_path / "f", max_bytes=10)
+
+
+def test_a_file_over_its_cap_is_refused_with_its_size(tmp_path: Path) -> None:
+    """One byte over the cap is refused, and the reason says the limit, not the content."""
+    (tmp_path / "f").write_bytes(b"secret-bytes")
+    reason = _refusal(tmp_path / "f")
+    assert "10-byte limit" in reason
+    assert "secret" not in reason
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO (no writer) is refused at once: the open never waits for a writer."""
+    os.mkfifo(tmp_path / "p")
+    assert "a FIFO, not a regular file" == _refusal(tmp_path / "p")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_a_device_node_is_refused_without_being_opened(tmp_path: Path) -> None:
+    """A character device is refused from its O_PATH fd: it is never opened for reading."""
+    os.mknod(tmp_path / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    assert "a character device, not a regular file" == _refusal(tmp_path / "null")
+
+
+def test_a_symlink_is_never_followed_unless_asked(tmp_path: Path) -> None:
+    """A final symlink is refused; with follow_links (root-owned paths only) it is followed."""
+    (tmp_path / "target").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    assert "a symlink (never followed)" == _refusal(tmp_path / "link")
+    assert b"x" == boundedread.read_bounded(tmp_path / "link", max_bytes=10, follow_links=True)
+
+
+def test_a_folder_and_a_missing_file_are_refused_or_none(tmp_path: Path) -> None:
+    """A folder is refused; a missing file is refused, or None when the caller allows it."""
+    assert "a folder, not a regular file" == _refusal(tmp_path)
+    assert "missing" == _refusal(tmp_path / "nope")
+    assert None is boundedread.read_bounded(tmp_path / "nope", max_bytes=10, missing_ok=True)
+
+
+def test_a_name_relative_to_a_folder_fd_is_read_without_following(tmp_path: Path) -> None:
+    """With dir_fd, the name is opened beneath that folder; a link there is refused too."""
+    (tmp_path / "f").write_bytes(b"abc")
+    (tmp_path / "l").symlink_to("/etc/passwd")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert b"abc" == boundedread.read_bounded("f", max_bytes=10, dir_fd=fd)
+        with pytest.raises(boundedread.ReadRefused):
+            boundedread.read_bounded("l", max_bytes=10, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def test_undecodable_text_is_refused_naming_the_offset(tmp_path: Path) -> None:
+    """Text that is not UTF-8 is refused naming the byte, never echoing it."""
+    (tmp_path / "f").write_bytes(b"ab\xff")
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        boundedread.read_bounded_text(tmp_path / "f", max_bytes=10)
+    assert "not utf-8 text (byte 2 is not valid)" == caught.value.reason
