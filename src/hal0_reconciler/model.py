@@ -60,6 +60,8 @@ class Reason(enum.StrEnum):
     DEMOTION_GRACE = "rocm-unusable-within-grace"
     LANE_UNKNOWN = "rocm-lane-unknown-probe-failed"
     RESTORE_OWN_DEMOTION = "rocm-usable-again-restore-own-demotion"
+    PRE_RULE = "hal0-era-without-vulkan-rule"  # the installed hal0 runs gpu-vulkan as normal
+    HAL0_NOT_UNDERSTOOD = "hal0-not-understood-nothing-moved"  # its era could not be placed
 
 
 class LaneState(enum.StrEnum):
@@ -136,6 +138,23 @@ class HostFacts:
         return self.probe.reason if self.probe is not None else self.lane.value
 
 
+class Hal0Rule(enum.StrEnum):
+    """Which Vulkan-lane rule the installed hal0 applies (decided from its files)."""
+
+    PRE_RULE = "pre-rule"  # no rule at all: gpu-vulkan is hal0's normal lane
+    LANE_RETIRED = "lane-retired"  # every llama.cpp gpu-vulkan slot is moved, no image gate
+    ALLOWLIST = "allowlist"  # kept exactly when the effective image is Vulkan-capable
+    NOT_UNDERSTOOD = "not-understood"  # present but not placeable: nothing is moved
+
+
+class RunnerShape(enum.StrEnum):
+    """How the installed hal0 writes its runner table."""
+
+    CATALOG = "catalog"  # built from the lifecycle catalog; a separate vulkanfpx runner
+    LITERAL_PRE_COLLAPSE = "literal-pre-collapse"  # a literal dict with a separate vulkanfpx
+    LITERAL = "literal"  # a literal dict; vulkanfpx is an alias of rocmfpx
+
+
 class Rung(enum.StrEnum):
     """Where hal0 takes a slot's image from: the first rung that gives one wins."""
 
@@ -166,6 +185,13 @@ class Hal0Facts:
     environment: Mapping[str, str] = field(default_factory=dict)  # HAL0_TOOLBOX_IMAGE_*
     manifest: Mapping[str, str] = field(default_factory=dict)  # manifest key -> pull ref
     sources: Mapping[str, str] = field(default_factory=dict)
+    rule: Hal0Rule = Hal0Rule.ALLOWLIST
+    rule_evidence: str = ""
+    runners_shape: RunnerShape = RunnerShape.LITERAL
+    runners_evidence: str = ""
+    vulkan_runner: str = "rocmfpx"  # the runner hal0 picks for gpu-vulkan (vulkanfpx: catalog)
+    unknown_runners: frozenset[str] = frozenset()  # runners whose image could not be read
+    manifest_tags: Mapping[str, str] = field(default_factory=dict)  # key -> tag of a digest ref
 
 
 @dataclass(frozen=True)
@@ -178,6 +204,7 @@ class ImageResolution:
     capable: bool  # in hal0's Vulkan-capable set
     stale: str | None = None  # a stale former default that was looked through
     error: str | None = None  # why no image could be computed
+    note: str | None = None  # what hal0 does here that a reader might not expect
 
     def explain(self) -> str:
         """One line for people: the image, where it came from, and the verdict."""
@@ -186,7 +213,8 @@ class ImageResolution:
         where = self.rung.value if self.runner is None else f"{self.rung.value} of {self.runner}"
         through = f"; stale {self.stale} looked through" if self.stale is not None else ""
         verdict = "Vulkan-capable" if self.capable else "not Vulkan-capable"
-        return f"{self.image} ({where}{through}): {verdict}"
+        note = f" ({self.note})" if self.note is not None else ""
+        return f"{self.image} ({where}{through}): {verdict}{note}"
 
 
 @dataclass(frozen=True)

@@ -574,6 +574,7 @@ class Reconciler:
             image=image.effective_image(doc, self.hal0_facts) if doc.vulkan_candidate else None,
             facts=facts,
             demoted_by_us=demoted,
+            rule=self.hal0_facts.rule,
         )
 
     def _settle_ledger(self, key: SlotKey, verdict: Verdict) -> None:

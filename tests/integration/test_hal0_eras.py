@@ -156,26 +156,27 @@ def test_every_candidate_is_explained(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("where", "text"),
+    ("where", "text", "stale_pin"),
     [
-        ("env", "HAL0_TOOLBOX_IMAGE_ROCMFPX=example.org/llama:vk\n"),
-        ("env", "HAL0_TOOLBOX_IMAGE_VULKANFPX=example.org/llama:vk\n"),
-        ("config", '[slots.default_images]\nrocmfpx = "example.org/llama:vk"\n'),
+        ("env", "HAL0_TOOLBOX_IMAGE_ROCMFPX=example.org/llama:vk\n", RELABEL),
+        ("env", "HAL0_TOOLBOX_IMAGE_VULKANFPX=example.org/llama:vk\n", RELABEL),
+        ("config", '[slots.default_images]\nrocmfpx = "example.org/llama:vk"\n', KEEP),
     ],
 )
 def test_operator_overrides_flip_the_verdict_as_hal0_would(
-    tmp_path: Path, where: str, text: str
+    tmp_path: Path, where: str, text: str, stale_pin: str
 ) -> None:
-    """An environment or hal0.toml override of the runner image moves unpinned slots (and pins
-    to stale former defaults, which look through to it) off a capable image: they are
-    relabelled; a pin to a capable image is still kept."""
+    """An environment or hal0.toml override of the runner image moves unpinned slots off a
+    capable image: they are relabelled; a pin to a stale former default looks through to the
+    environment's image, but past hal0.toml's (hal0's look-through skips default_images); a
+    pin to a capable image is still kept."""
     tree = Hal0Tree(tmp_path).install("0826")
     target = tree.env_file if where == "env" else tree.config
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     write_slots(tmp_path / "slots")
     got = actions(plan(tree, tmp_path / "slots"))
-    assert (RELABEL, RELABEL, KEEP) == (got["plain"], got["pinned-0822"], got["pinned-strix"])
+    assert (RELABEL, stale_pin, KEEP) == (got["plain"], got["pinned-0822"], got["pinned-strix"])
 
 
 def test_the_overrides_can_make_a_slot_capable(tmp_path: Path) -> None:

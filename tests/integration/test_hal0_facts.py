@@ -10,6 +10,7 @@ import pytest
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import hal0
+from hal0_reconciler.model import Hal0Rule
 from hal0_reconciler.slots import image
 from helpers.hal0_tree import C0822, C0824, C0826, ERAS, STRIX, Hal0Tree
 
@@ -47,7 +48,8 @@ def test_a_missing_hal0_gives_the_newest_known_values_and_says_so(tmp_path: Path
 
 
 def test_a_schema_shape_not_understood_is_loud_and_specific(tmp_path: Path) -> None:
-    """A capable set built by a call is not guessed: that fact falls back, loudly, by line."""
+    """A capable set built by a call is not guessed, nor replaced by the newest one: the era
+    cannot be placed, loudly, by line, and every slot is kept."""
     tree = Hal0Tree(tmp_path).install("0824")
     text = tree.schema.read_text().replace(
         "VULKAN_CAPABLE_IMAGE_REFS: frozenset[str] = frozenset(",
@@ -55,11 +57,13 @@ def test_a_schema_shape_not_understood_is_loud_and_specific(tmp_path: Path) -> N
     )
     tree.schema.write_text(text)
     read = hal0.read_facts(load(tree))
-    (problem,) = read.problems
-    assert problem.not_understood
+    problem, era = read.problems
+    assert (True, True) == (problem.not_understood, era.not_understood)
     assert "VULKAN_CAPABLE_IMAGE_REFS" in problem.why
     assert "call `_load_refs(" in problem.why
-    assert image.NEWEST_KNOWN.capable == read.facts.capable
+    assert Hal0Rule.NOT_UNDERSTOOD == read.facts.rule
+    assert "every slot is kept" in era.why
+    assert frozenset() == read.facts.capable  # never the newest set spliced in
     assert C0824 == read.facts.default_image  # the rest of the file still counts
 
 
@@ -82,7 +86,7 @@ def test_operator_files_default_images_environment_and_manifest(tmp_path: Path) 
     """hal0.toml's default_images, HAL0_TOOLBOX_IMAGE_* in api.env, the manifest's digest refs."""
     tree = Hal0Tree(tmp_path).install("0826")
     tree.config.parent.mkdir(parents=True, exist_ok=True)
-    tree.config.write_text('[slots.default_images]\nrocmfpx = "ops:1"\nbad = 3\n')
+    tree.config.write_text('[slots.default_images]\nrocmfpx = " ops:1 "\n')
     tree.env_file.write_text(
         "# hal0-api environment\nHAL0_ADMIN_KEY=secret\nHAL0_TOOLBOX_IMAGE_ROCMFPX='env:2'\n"
     )
@@ -116,17 +120,18 @@ def test_the_etc_manifest_wins_over_the_release_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("where", "content", "source"),
     [
-        ("config", b"[slots\n", "hal0.toml"),
-        ("manifest", b"{not json", "manifest"),
-        ("schema", b"\xff\xfe", "schema.py"),
-        ("runners", b"RUNNER_IMAGES = (", "runners"),
-        ("schema", b"x" * (5 * 1024 * 1024), "schema.py"),
+        ("config", b"[slots\n", ["hal0.toml"]),
+        ("manifest", b"{not json", ["manifest"]),
+        ("schema", b"\xff\xfe", ["schema.py", "hal0"]),
+        ("runners", b"RUNNER_IMAGES = (", ["runners", "hal0"]),
+        ("schema", b"x" * (5 * 1024 * 1024), ["schema.py", "hal0"]),
     ],
 )
 def test_broken_sources_are_problems_never_crashes(
-    tmp_path: Path, where: str, content: bytes, source: str
+    tmp_path: Path, where: str, content: bytes, source: list[str]
 ) -> None:
-    """Invalid TOML/JSON, undecodable or oversized files: one problem naming the source."""
+    """Invalid TOML/JSON, undecodable or oversized files: a problem naming the source (and,
+    for hal0's own code, one saying its era could not be placed)."""
     tree = Hal0Tree(tmp_path).install("0826")
     path = {
         "config": tree.config,
@@ -137,7 +142,7 @@ def test_broken_sources_are_problems_never_crashes(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     read = hal0.read_facts(load(tree))
-    assert [source] == [p.source for p in read.problems]
+    assert source == [p.source for p in read.problems]
 
 
 def test_a_fifo_in_place_of_a_source_does_not_block(tmp_path: Path) -> None:
@@ -146,7 +151,7 @@ def test_a_fifo_in_place_of_a_source_does_not_block(tmp_path: Path) -> None:
     tree.schema.unlink()
     os.mkfifo(tree.schema)
     read = hal0.read_facts(load(tree))
-    assert ["schema.py"] == [p.source for p in read.problems]
+    assert ["schema.py", "hal0"] == [p.source for p in read.problems]
     assert "not a regular file" in read.problems[0].why
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hal0_reconciler.model import Hal0Facts, ImageResolution, Rung
+from hal0_reconciler.model import Hal0Facts, Hal0Rule, ImageResolution, Rung
 from hal0_reconciler.slots import image
 from helpers.slotdocs import slot_doc
 
@@ -18,6 +18,7 @@ BROKEN = "ghcr.io/hal0ai/hal0-rocmfpx:ade07ba"  # stale too
 CUDA = "ghcr.io/ggml-org/llama.cpp:server-cuda"
 CPU = "ghcr.io/hal0ai/hal0-toolbox-cpu:v1"
 DIGEST = "ghcr.io/hal0ai/hal0-toolbox-cpu@sha256:" + "ab" * 32
+STRIX_DIGEST = "ghcr.io/hal0ai/hal0-strix-vulkan@sha256:" + "cd" * 32
 
 FACTS = dataclasses.replace(
     image.NEWEST_KNOWN,
@@ -161,10 +162,91 @@ LADDER = {
         facts(environment={"HAL0_TOOLBOX_IMAGE_ROCMFPX": "example.org/env:1"}),
         ImageResolution("example.org/env:1", Rung.ENVIRONMENT, "rocmfpx", False, stale=OLD),
     ),
-    "stale default_images looks through to itself: not capable": (
+    "a stale default_images value is judged as it launches: not looked through": (
         {},
         facts(default_images={"rocmfpx": BROKEN}),
-        ImageResolution(BROKEN, Rung.DEFAULT_IMAGES, "rocmfpx", capable=False, stale=BROKEN),
+        ImageResolution(
+            BROKEN,
+            Rung.DEFAULT_IMAGES,
+            "rocmfpx",
+            capable=False,
+            note=image.STALE_DEFAULT_IMAGES_NOTE,
+        ),
+    ),
+    "a stale pin looks through past default_images (hal0's look-through skips that tier)": (
+        {"image_pin": OLD},
+        facts(default_images={"rocmfpx": "example.org/ops:1"}),
+        ImageResolution(DEFAULT, Rung.BUNDLED, "rocmfpx", capable=True, stale=OLD),
+    ),
+    "a padded stale pin is not looked through: hal0's stale test does not strip": (
+        {"image_pin": f" {BROKEN} "},
+        FACTS,
+        ImageResolution(f" {BROKEN} ", Rung.IMAGE_PIN, None, capable=False),
+    ),
+    "a padded capable pin is capable: only the capable test strips": (
+        {"image_pin": f" {DEFAULT}\t"},
+        FACTS,
+        ImageResolution(f" {DEFAULT}\t", Rung.IMAGE_PIN, None, capable=True),
+    ),
+    "a capable set member with padding is not stripped (hal0 holds it as written)": (
+        {"image_pin": DEFAULT},
+        facts(capable=frozenset({f" {DEFAULT}"})),
+        ImageResolution(DEFAULT, Rung.IMAGE_PIN, None, capable=False),
+    ),
+    "lane retired: no image is capable": (
+        {"image_pin": DEFAULT},
+        facts(rule=Hal0Rule.LANE_RETIRED),
+        ImageResolution(DEFAULT, Rung.IMAGE_PIN, None, capable=False, note=image.LANE_RETIRED_NOTE),
+    ),
+    "before the collapse gpu-vulkan picks the vulkanfpx runner and its own variable": (
+        {},
+        facts(
+            bundled={**FACTS.bundled, "vulkanfpx": "example.org/vk:1"},
+            aliases={},
+            vulkan_runner="vulkanfpx",
+            environment={"HAL0_TOOLBOX_IMAGE_ROCMFPX": DEFAULT},
+        ),
+        ImageResolution("example.org/vk:1", Rung.BUNDLED, "vulkanfpx", capable=False),
+    ),
+    "before the collapse HAL0_TOOLBOX_IMAGE_VULKANFPX is the vulkanfpx runner's": (
+        {},
+        facts(
+            bundled={**FACTS.bundled, "vulkanfpx": "example.org/vk:1"},
+            aliases={},
+            vulkan_runner="vulkanfpx",
+            environment={"HAL0_TOOLBOX_IMAGE_VULKANFPX": DEFAULT},
+        ),
+        ImageResolution(DEFAULT, Rung.ENVIRONMENT, "vulkanfpx", capable=True),
+    ),
+    "a runner whose image only the unread catalog has: unresolved": (
+        {"binary": "vulkan"},
+        facts(unknown_runners=frozenset({"vulkan"})),
+        ImageResolution(
+            None,
+            Rung.UNRESOLVED,
+            "vulkan",
+            capable=False,
+            error="the image of runner 'vulkan' is in hal0's runner catalog, which was not read",
+        ),
+    ),
+    "a manifest digest ref is compared as it is, as hal0 does (its tag is capable)": (
+        {"binary": "strix"},
+        facts(
+            manifest_keys={"strix": "strix"},
+            manifest={"strix": STRIX_DIGEST},
+            manifest_tags={"strix": STRIX},
+        ),
+        ImageResolution(
+            STRIX_DIGEST,
+            Rung.MANIFEST,
+            "strix",
+            capable=False,
+            note=(
+                "the release manifest pins strix by digest; hal0 tests the capable set by exact "
+                f"string and does not map a digest to its tag {STRIX}, so it judges this not "
+                "capable too"
+            ),
+        ),
     ),
     "an older hal0 whose default is broken": (
         {},

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,14 +27,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hal0_reconciler import errors, fsio
-from hal0_reconciler.host import envfile, hal0_code
-from hal0_reconciler.model import Hal0Facts
+from hal0_reconciler import boundedread, errors, fsio
+from hal0_reconciler.host import envfile, hal0_code, hal0_eras
+from hal0_reconciler.model import Hal0Facts, Hal0Rule, RunnerShape
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import image
 
-_MAX_SOURCE_BYTES = 4 * 1024 * 1024  # hal0's schema.py is ~140 KB
+_MAX_SOURCE_BYTES = 4 * 1024 * 1024  # Python sources and the catalog: hal0's are ~160 KB
+_MAX_CONFIG_BYTES = 1024 * 1024  # hal0.toml, the manifests
+_MAX_VERSION_BYTES = 64 * 1024
 _SCHEMA_NAMES = ("DEFAULT_ROCMFPX_IMAGE", "VULKAN_CAPABLE_IMAGE_REFS", "STALE_ROCMFPX_IMAGE_REFS")
+_WANTED = (*_SCHEMA_NAMES, "VULKAN_FIXED_IMAGE")
 _FACT_OF_NAME = {
     "DEFAULT_ROCMFPX_IMAGE": "default_image",
     "VULKAN_CAPABLE_IMAGE_REFS": "capable",
@@ -77,13 +79,16 @@ class Hal0Paths:
     environment: Path
     manifests: tuple[Path, ...]
     package_search: Path  # where the hal0 package was looked for
+    catalog: Path | None = None  # hal0/lifecycle/data/catalog.json (catalog-built runners)
+    updater: Path | None = None  # hal0/updater/updater.py (lane-retired evidence)
+    gpu_guard: Path | None = None  # hal0/providers/_gpu.py (lane-retired evidence)
 
     def watched(self) -> tuple[Path, ...]:
         """What a hal0 update changes: every source, and the release link itself."""
         return (*self.files(), self.version.parent)
 
     def files(self) -> tuple[Path, ...]:
-        found = (self.schema, self.runners)
+        found = (self.schema, self.runners, self.catalog, self.updater, self.gpu_guard)
         return (
             self.version,
             *(p for p in found if p is not None),
@@ -112,6 +117,9 @@ def hal0_paths(settings: Settings) -> Hal0Paths:
         environment=settings.api_env_file,
         manifests=manifests,
         package_search=settings.hal0_venv / "lib" / "python3.*" / "site-packages" / "hal0",
+        catalog=package / "lifecycle" / "data" / "catalog.json" if package is not None else None,
+        updater=package / "updater" / "updater.py" if package is not None else None,
+        gpu_guard=package / "providers" / "_gpu.py" if package is not None else None,
     )
 
 
@@ -138,7 +146,9 @@ class Hal0Reader:
 
 
 def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
-    """Read every source now; fall back per fact, with a problem for each source that failed."""
+    """Read every source now; place the installed hal0's era; a problem for each source that
+    failed. No hal0 at all: the newest known facts. A hal0 that cannot be placed: its rule is
+    ``not-understood`` (every slot is kept), never newest values spliced into it."""
     paths = paths if paths is not None else hal0_paths(settings)
     problems: list[FactProblem] = []
     newest = image.NEWEST_KNOWN
@@ -146,22 +156,28 @@ def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
 
     version = _version(paths.version, problems)
     sources["version"] = str(paths.version) if version is not None else "unknown"
+    installed = version is not None or paths.schema is not None
 
-    schema_values = _schema(paths, problems)
-    default_image = _pick(schema_values, "DEFAULT_ROCMFPX_IMAGE", str, newest.default_image)
-    capable = _pick(schema_values, "VULKAN_CAPABLE_IMAGE_REFS", frozenset, newest.capable)
-    stale = _pick(schema_values, "STALE_ROCMFPX_IMAGE_REFS", frozenset, newest.stale)
+    schema = _schema(paths, problems)
+    values = schema.values
+    default_image = _pick(values, "DEFAULT_ROCMFPX_IMAGE", str, newest.default_image)
+    capable = _pick(values, "VULKAN_CAPABLE_IMAGE_REFS", frozenset, frozenset())
+    stale = _pick(values, "STALE_ROCMFPX_IMAGE_REFS", frozenset, frozenset())
+    if not installed:
+        capable, stale = newest.capable, newest.stale
     for name, fact in _FACT_OF_NAME.items():
-        if name in schema_values and paths.schema is not None:
+        if name in values and paths.schema is not None:
             sources[fact] = f"{paths.schema} ({name})"
 
-    bundled, manifest_keys, aliases = _runner_table(paths, schema_values, default_image, problems)
-    if bundled is not None:
+    table = _runner_table(paths, values, default_image, problems)
+    if table is not None:
         sources["bundled"] = str(paths.runners)
+        bundled, manifest_keys, aliases = table.images, table.manifest_keys, table.aliases
     else:
         bundled = {**newest.bundled, "rocmfpx": default_image}
         manifest_keys, aliases = dict(newest.manifest_keys), dict(newest.aliases)
 
+    placement = _placement(installed, paths, schema, table, problems)
     if settings.vulkan_validated_images is not None:
         capable = frozenset(settings.vulkan_validated_images)
         sources["capable"] = "setting vulkan_validated_images"
@@ -173,20 +189,89 @@ def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
         bundled = {**bundled, "rocmfpx": default_image}
         sources["default_image"] = sources["bundled"] = "setting default_runner_image"
 
+    manifest, manifest_tags = _manifest(paths.manifests, problems, sources)
     facts = Hal0Facts(
         version=version,
         default_image=default_image.strip(),
-        capable=frozenset(i.strip() for i in capable),
-        stale=frozenset(i.strip() for i in stale),
+        capable=frozenset(capable),  # as hal0 holds them: its tests strip the image, not these
+        stale=frozenset(stale),
         bundled=MappingProxyType(dict(bundled)),
         manifest_keys=MappingProxyType(dict(manifest_keys)),
         aliases=MappingProxyType(dict(aliases)),
-        default_images=MappingProxyType(_default_images(paths.config, problems)),
+        default_images=MappingProxyType(
+            _default_images(paths.config, set(bundled) | _unknown(table), aliases, problems)
+        ),
         environment=MappingProxyType(_environment(paths.environment, problems)),
-        manifest=MappingProxyType(_manifest(paths.manifests, problems, sources)),
+        manifest=MappingProxyType(manifest),
         sources=MappingProxyType(sources),
+        rule=placement.rule,
+        rule_evidence=placement.evidence,
+        runners_shape=table.shape if table is not None else RunnerShape.LITERAL,
+        runners_evidence=table.evidence if table is not None else _NO_TABLE,
+        vulkan_runner=table.vulkan_runner if table is not None else "rocmfpx",
+        unknown_runners=_unknown(table),
+        manifest_tags=MappingProxyType(manifest_tags),
     )
     return Hal0Read(facts, tuple(problems))
+
+
+_NO_TABLE = "no runner table read: the newest known one (rocmfpx/vulkanfpx collapsed)"
+
+
+def _unknown(table: _Table | None) -> frozenset[str]:
+    return table.unknown if table is not None else frozenset()
+
+
+def _placement(
+    installed: bool,
+    paths: Hal0Paths,
+    schema: _Schema,
+    table: _Table | None,
+    problems: list[FactProblem],
+) -> hal0_eras.Placement:
+    """The rule of the installed hal0 (loud when it cannot be placed)."""
+    if not installed:
+        why = "no hal0 installed (no VERSION, no hal0 package): the newest known rule"
+        return hal0_eras.Placement(Hal0Rule.ALLOWLIST, why)
+    schema_problem = schema.problem
+    if schema_problem is None and table is None:
+        schema_problem = "its runner table could not be read"
+    retirement: str | None = None
+    retirement_problem: str | None = None
+    if schema_problem is None and hal0_eras.CAPABLE not in schema.assigned:
+        retirement, retirement_problem = _retirement(paths)
+    placement = hal0_eras.place_rule(
+        schema_problem=schema_problem,
+        assigned=schema.assigned,
+        understood=frozenset(schema.values),
+        retirement=retirement,
+        retirement_problem=retirement_problem,
+    )
+    if placement.rule is Hal0Rule.NOT_UNDERSTOOD:
+        why = f"its era could not be placed ({placement.evidence}): every slot is kept"
+        where = str(paths.schema or paths.package_search)
+        problems.append(FactProblem("hal0", where, why, not_understood=True))
+    return placement
+
+
+def _retirement(paths: Hal0Paths) -> tuple[str | None, str | None]:
+    """The evidence that this hal0 retired the Vulkan lane, or why it could not be looked for."""
+    checks = (
+        (paths.updater, hal0_eras.RELABEL_FUNCTION),
+        (paths.gpu_guard, hal0_eras.GPU_GUARD),
+    )
+    unread: list[str] = []
+    for path, function in checks:
+        if path is None:
+            continue
+        try:
+            text = _read_text(path, missing_ok=True)
+            found = hal0_code.top_level_functions(text, mentioning="gpu-vulkan") if text else ()
+            if function in found:
+                return f"{path.name} defines {function}, which moves gpu-vulkan slots", None
+        except (_SourceError, hal0_code.Hal0CodeError) as exc:
+            unread.append(f"{path} was not read ({exc})")
+    return None, "; ".join(unread) or None
 
 
 def describe(facts: Hal0Facts) -> dict[str, Any]:
@@ -200,6 +285,8 @@ def describe(facts: Hal0Facts) -> dict[str, Any]:
         "environment": dict(facts.environment) or None,
         "manifest": dict(facts.manifest) or None,
         "sources": dict(facts.sources),
+        "rule": {"value": facts.rule.value, "evidence": facts.rule_evidence},
+        "runners": {"value": facts.runners_shape.value, "evidence": facts.runners_evidence},
     }
 
 
@@ -213,31 +300,49 @@ def _version(path: Path, problems: list[FactProblem]) -> str | None:
     return text.splitlines()[0].strip() if text else None
 
 
-def _schema(paths: Hal0Paths, problems: list[FactProblem]) -> dict[str, str | frozenset[str]]:
-    fallback = "the newest known image sets are used"
+@dataclass(frozen=True)
+class _Schema:
+    values: dict[str, str | frozenset[str]]
+    assigned: frozenset[str]  # the names of interest schema.py assigns (understood or not)
+    problem: str | None  # schema.py missing, unreadable or not Python: the era is unknown
+
+
+def _schema(paths: Hal0Paths, problems: list[FactProblem]) -> _Schema:
+    fallback = "the era cannot be placed"
     if paths.schema is None:
-        why = f"no hal0 package at {paths.package_search}: {fallback}"
+        why = f"no hal0 package at {paths.package_search}"
         problems.append(FactProblem("schema.py", str(paths.package_search), why))
-        return {}
+        return _Schema({}, frozenset(), why)
     try:
-        text = _read_text(paths.schema)
-        values, errors = hal0_code.module_values(text, wanted=_SCHEMA_NAMES)
+        text = _read_text(paths.schema, cap=_MAX_SOURCE_BYTES)
+        values, errors = hal0_code.module_values(text, wanted=_WANTED)
     except _SourceError as exc:
         problems.append(FactProblem("schema.py", str(paths.schema), f"{exc}: {fallback}"))
-        return {}
+        return _Schema({}, frozenset(), str(exc))
     except hal0_code.Hal0CodeError as exc:
         problems.append(
             FactProblem("schema.py", str(paths.schema), f"{exc}: {fallback}", not_understood=True)
         )
-        return {}
-    for name in _SCHEMA_NAMES:
-        if name in errors:
-            why = f"{errors[name]}: the newest known value is used"
-            problems.append(FactProblem("schema.py", str(paths.schema), why, not_understood=True))
-        elif name not in values:
-            why = f"defines no {name}: the newest known value is used"
-            problems.append(FactProblem("schema.py", str(paths.schema), why))
-    return values
+        return _Schema({}, frozenset(), str(exc))
+    where = str(paths.schema)
+    problems.extend(
+        FactProblem("schema.py", where, errors[n], not_understood=True)
+        for n in _SCHEMA_NAMES
+        if n in errors
+    )
+    assigned = frozenset(n for n in _WANTED if n in values or n in errors)
+    return _Schema(values, assigned, None)
+
+
+@dataclass(frozen=True)
+class _Table:
+    images: dict[str, str]
+    manifest_keys: dict[str, str]
+    aliases: dict[str, str]
+    shape: RunnerShape
+    evidence: str
+    vulkan_runner: str
+    unknown: frozenset[str] = frozenset()
 
 
 def _runner_table(
@@ -245,41 +350,110 @@ def _runner_table(
     schema_values: Mapping[str, str | frozenset[str]],
     default_image: str,
     problems: list[FactProblem],
-) -> tuple[dict[str, str] | None, dict[str, str], dict[str, str]]:
-    """The runner table; images named from schema.py resolve to its values (to the fallbacks
-    when schema.py could not be read: that was said already, so no second problem)."""
-    fallback = "the newest known runner table is used"
+) -> _Table | None:
+    """The runner table, literal or catalog-built; images named from schema.py resolve to its
+    values. None: not read (said as a problem; for a missing package, said for schema.py)."""
     if paths.runners is None:
-        return None, {}, {}  # said once already, for schema.py
-    newest = image.NEWEST_KNOWN
+        return None
+    where = str(paths.runners)
     try:
-        text = _read_text(paths.runners)
+        text = _read_text(paths.runners, cap=_MAX_SOURCE_BYTES)
         names = hal0_code.imported_names(text, "hal0.config.schema")
         known = {**schema_values, "DEFAULT_ROCMFPX_IMAGE": default_image}
         imported = {n: v for n in names if isinstance(v := known.get(n), str)}
-        table = hal0_code.runners(text, imported=imported)
+        shape = hal0_code.runner_table_shape(text)
+        separate = hal0_code.separate_vulkan_runner(text)
+        if shape == "catalog":
+            table = _catalog_table(paths, text, imported, separate, problems)
+        else:
+            said = problems if schema_values else []  # an unread schema.py was said already
+            table = _literal_table(text, imported, separate, where, said)
     except _SourceError as exc:
-        problems.append(FactProblem("runners", str(paths.runners), f"{exc}: {fallback}"))
-        return None, {}, {}
+        problems.append(FactProblem("runners", where, f"{exc}: the era cannot be placed"))
+        return None
     except hal0_code.Hal0CodeError as exc:
-        problems.append(
-            FactProblem("runners", str(paths.runners), f"{exc}: {fallback}", not_understood=True)
-        )
-        return None, {}, {}
-    images = dict(table.images)
-    if schema_values:
-        problems.extend(
-            FactProblem("runners", str(paths.runners), f"{why}: left out", not_understood=True)
-            for why in table.problems
-        )
-    else:
-        images = {**newest.bundled, **images}
-    return images, table.manifest_keys, table.aliases or dict(newest.aliases)
+        why = f"{exc}: the era cannot be placed"
+        problems.append(FactProblem("runners", where, why, not_understood=True))
+        return None
+    return table
 
 
-def _default_images(path: Path, problems: list[FactProblem]) -> dict[str, str]:
+def _literal_table(
+    text: str, imported: dict[str, str], separate: bool, where: str, problems: list[FactProblem]
+) -> _Table:
+    table = hal0_code.runners(text, imported=imported)
+    problems.extend(
+        FactProblem("runners", where, f"{why}: left out", not_understood=True)
+        for why in table.problems
+    )
+    if separate or ("vulkanfpx" in table.images and "vulkanfpx" not in table.aliases):
+        evidence = "RUNNER_IMAGES is a literal dict with a vulkanfpx runner of its own"
+        return _Table(
+            dict(table.images),
+            dict(table.manifest_keys),
+            dict(table.aliases),
+            RunnerShape.LITERAL_PRE_COLLAPSE,
+            evidence,
+            "vulkanfpx",
+        )
+    aliases = table.aliases or dict(image.NEWEST_KNOWN.aliases)
+    evidence = "RUNNER_IMAGES is a literal dict; vulkanfpx is an alias of rocmfpx"
+    return _Table(
+        dict(table.images),
+        dict(table.manifest_keys),
+        aliases,
+        RunnerShape.LITERAL,
+        evidence,
+        "rocmfpx",
+    )
+
+
+def _catalog_table(
+    paths: Hal0Paths,
+    text: str,
+    imported: dict[str, str],
+    separate: bool,
+    problems: list[FactProblem],
+) -> _Table:
+    supplements = hal0_code.catalog_supplements(text, imported=imported)
+    catalog: object | None = None
+    path = paths.catalog
+    why: str | None = None
+    if path is not None:
+        try:
+            data = _read_text(path, cap=_MAX_SOURCE_BYTES)
+            catalog = json.loads(data)
+        except _SourceError as exc:
+            why = str(exc)
+        except (ValueError, RecursionError) as exc:
+            why = f"not valid JSON ({exc})"
+    built, fallback = hal0_eras.catalog_table(catalog, supplements)
+    if why is not None or (fallback is not None and catalog is not None):
+        unknown = ", ".join(sorted(built.unknown)) or "none"
+        line = (
+            f"{why or fallback}: runners and images from _SUPPLEMENTS only "
+            f"(image unknown, judged not capable: {unknown})"
+        )
+        problems.append(FactProblem("catalog", str(path), line))
+    evidence = f"RUNNER_IMAGES = {hal0_code.CATALOG_BUILDER}() from {path}"
+    return _Table(
+        built.images,
+        built.manifest_keys,
+        {},
+        RunnerShape.CATALOG,
+        evidence,
+        "vulkanfpx" if separate else "rocmfpx",
+        built.unknown,
+    )
+
+
+def _default_images(
+    path: Path, runners: set[str], aliases: Mapping[str, str], problems: list[FactProblem]
+) -> dict[str, str]:
+    """``[slots].default_images`` as hal0 loads it: all of it, or none when hal0 would refuse
+    its ``hal0.toml`` (not TOML, or one entry its validator rejects)."""
     try:
-        data = tomllib.loads(_read_text(path, missing_ok=True))
+        data = tomllib.loads(_read_text(path, missing_ok=True, cap=_MAX_CONFIG_BYTES))
     except _SourceError as exc:
         problems.append(FactProblem("hal0.toml", str(path), f"{exc}: no default_images used"))
         return {}
@@ -288,12 +462,13 @@ def _default_images(path: Path, problems: list[FactProblem]) -> dict[str, str]:
         problems.append(FactProblem("hal0.toml", str(path), why))
         return {}
     table = data.get("slots", {})
-    images = table.get("default_images", {}) if isinstance(table, dict) else {}
-    if not isinstance(images, dict):
-        why = "[slots].default_images is not a table: not used"
-        problems.append(FactProblem("hal0.toml", str(path), why))
+    if not isinstance(table, dict) or "default_images" not in table:
         return {}
-    return {k: v for k, v in images.items() if isinstance(v, str)}
+    images, refused = hal0_eras.validate_default_images(table["default_images"], runners, aliases)
+    if refused is not None:
+        why = f"{refused}: hal0 refuses this hal0.toml, so no default_images are used"
+        problems.append(FactProblem("hal0.toml", str(path), why))
+    return images
 
 
 def _environment(path: Path, problems: list[FactProblem]) -> dict[str, str]:
@@ -312,11 +487,12 @@ def _environment(path: Path, problems: list[FactProblem]) -> dict[str, str]:
 
 def _manifest(
     candidates: tuple[Path, ...], problems: list[FactProblem], sources: dict[str, str]
-) -> dict[str, str]:
-    """hal0's ``manifest_image_ref`` for every key: ``<repo>@<digest>``, else the tag."""
+) -> tuple[dict[str, str], dict[str, str]]:
+    """hal0's ``manifest_image_ref`` for every key (``<repo>@<digest>``, else the tag), and the
+    tag of each digest ref (hal0 compares the digest ref as it is: ``plan`` says so)."""
     for path in candidates:
         try:
-            text = _read_text(path, missing_ok=True)
+            text = _read_text(path, missing_ok=True, cap=_MAX_CONFIG_BYTES)
         except _SourceError as exc:
             problems.append(FactProblem("manifest", str(path), f"{exc}: not used"))
             continue
@@ -326,13 +502,19 @@ def _manifest(
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:
             problems.append(FactProblem("manifest", str(path), f"not valid JSON ({exc}): not used"))
-            return {}
+            return {}, {}
         sources["manifest"] = str(path)
         images = data.get("toolbox_images") if isinstance(data, dict) else None
         if not isinstance(images, dict):
-            return {}
-        return {key: ref for key, entry in images.items() if (ref := _manifest_ref(entry))}
-    return {}
+            return {}, {}
+        refs = {key: ref for key, entry in images.items() if (ref := _manifest_ref(entry))}
+        tags = {
+            key: str(images[key]["tag"])
+            for key, ref in refs.items()
+            if "@" in ref and images[key].get("tag") and "@" not in str(images[key]["tag"])
+        }
+        return refs, tags
+    return {}, {}
 
 
 def _manifest_ref(entry: Any) -> str | None:
@@ -356,31 +538,14 @@ class _SourceError(Exception):
     """A source file that could not be read (the message is for people)."""
 
 
-def _read_text(path: Path, *, missing_ok: bool = False) -> str:
-    """A regular file's text, at most ``_MAX_SOURCE_BYTES``; "" for a missing one when allowed."""
+def _read_text(path: Path, *, cap: int = _MAX_VERSION_BYTES, missing_ok: bool = False) -> str:
+    """A regular file's text (through :mod:`boundedread`: never blocking, at most ``cap``
+    bytes); "" for a missing one when allowed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        if missing_ok:
-            return ""
-        raise _SourceError("missing") from None
-    except OSError as exc:
-        raise _SourceError(f"cannot be opened ({_why(exc)})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _SourceError("not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(_MAX_SOURCE_BYTES + 1)
-    except OSError as exc:
-        raise _SourceError(f"cannot be read ({_why(exc)})") from None
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_SOURCE_BYTES:
-        raise _SourceError(f"larger than {_MAX_SOURCE_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _SourceError("not UTF-8") from None
+        text = boundedread.read_bounded_text(path, max_bytes=cap, missing_ok=missing_ok)
+    except boundedread.ReadRefused as exc:
+        raise _SourceError(exc.reason) from None
+    return text or ""
 
 
 def _hal0_package(venv: Path) -> Path | None:

@@ -10,8 +10,14 @@ the module is parsed with :mod:`ast` and only these shapes are understood, at mo
 - the runner table: ``RUNNER_IMAGES = {"key": Runner("key", <image>, ..., <manifest_key>)}``
   (image second, manifest key seventh, or as keywords), and ``RUNNER_ALIASES = {"a": "b"}``.
 
+A catalog-built table (``RUNNER_IMAGES = _build_runners_from_catalog()``) is read from its
+``_SUPPLEMENTS`` dict (the images and manifest keys the catalog does not carry); the catalog
+itself is data (:mod:`hal0_reconciler.host.hal0_eras`).
+
 Anything else in a value that is asked for raises :class:`Hal0CodeError` naming the line and
-what was found: never a guess.
+what was found: never a guess. A text with more structure than hal0's real modules have (more
+than :data:`MAX_STRUCTURE` newlines, separators and operators: ~10x the largest) is refused
+before it is parsed, so a hostile 4 MiB module costs one linear count, not gigabytes of tree.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from dataclasses import dataclass
 
 _RUNNER_IMAGE_ARG = 1  # Runner(key, image, family, supports, device_class, backend, manifest_key)
 _RUNNER_MANIFEST_ARG = 6
+CATALOG_BUILDER = "_build_runners_from_catalog"
+MAX_STRUCTURE = 100_000  # hal0's largest module (updater.py, ~200 KB) has ~22k
+_STRUCTURE = "\n;,()[]{}=+-*/%|&^<>.:@~"
 
 
 class Hal0CodeError(Exception):
@@ -111,6 +120,92 @@ def runners(text: str, *, imported: Mapping[str, str]) -> Runners:
     return Runners(images, manifest_keys, aliases, tuple(problems))
 
 
+@dataclass(frozen=True)
+class CatalogSupplement:
+    """What ``_build_runners_from_catalog``'s ``_SUPPLEMENTS`` sets for one runner."""
+
+    image: str | None  # ``image_override``: None when the catalog's package gives the image
+    manifest_key: str | None
+
+
+def runner_table_shape(text: str) -> str:
+    """``"catalog"`` when RUNNER_IMAGES is built by the catalog call, ``"literal"`` for a dict
+    (anything else raises, naming what was found)."""
+    for node in _parse(text).body:
+        target, value = _assignment(node)
+        if target != "RUNNER_IMAGES" or value is None:
+            continue
+        if isinstance(value, ast.Dict):
+            return "literal"
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id == CATALOG_BUILDER
+            and not value.args
+            and not value.keywords
+        ):
+            return "catalog"
+        raise Hal0CodeError(f"line {value.lineno}: RUNNER_IMAGES is {_shape(value)}")
+    raise Hal0CodeError("RUNNER_IMAGES is not defined")
+
+
+def catalog_supplements(text: str, *, imported: Mapping[str, str]) -> dict[str, CatalogSupplement]:
+    """The ``_SUPPLEMENTS`` dict inside ``_build_runners_from_catalog`` (image and manifest
+    key per runner id); raises when it is missing or not a dict of dicts of known values."""
+    values, _ = module_values(text, imported=imported)
+    builder = _function(_parse(text), CATALOG_BUILDER)
+    if builder is None:
+        raise Hal0CodeError(f"{CATALOG_BUILDER} is not defined")
+    table: ast.expr | None = None
+    for node in ast.walk(builder):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            target, value = _assignment(node)
+            if target == "_SUPPLEMENTS":
+                table = value
+    if not isinstance(table, ast.Dict):
+        found = _shape(table) if table is not None else "not defined"
+        raise Hal0CodeError(f"{CATALOG_BUILDER}: _SUPPLEMENTS is {found}, not a dict")
+    out: dict[str, CatalogSupplement] = {}
+    for key_node, entry in zip(table.keys, table.values, strict=True):
+        key = _string(key_node, values) if key_node is not None else None
+        if key is None or not isinstance(entry, ast.Dict):
+            raise Hal0CodeError(f"line {entry.lineno}: _SUPPLEMENTS holds {_shape(entry)}")
+        fields = {
+            k.value: v
+            for k, v in zip(entry.keys, entry.values, strict=True)
+            if isinstance(k, ast.Constant) and isinstance(k.value, str)
+        }
+        image = _optional_string(fields.get("image_override"), values, f"_SUPPLEMENTS[{key!r}]")
+        manifest = _optional_string(fields.get("manifest_key"), values, f"_SUPPLEMENTS[{key!r}]")
+        out[key] = CatalogSupplement(image, manifest)
+    return out
+
+
+def separate_vulkan_runner(text: str) -> bool:
+    """Whether ``runner_for_backend`` sends the vulkan backend to a ``vulkanfpx`` runner of
+    its own (hal0 before the rocmfpx/vulkanfpx collapse)."""
+    function = _function(_parse(text), "runner_for_backend")
+    if function is None:
+        return False
+    return any(
+        isinstance(node, ast.Constant) and node.value == "vulkanfpx" for node in ast.walk(function)
+    )
+
+
+def top_level_functions(text: str, *, mentioning: str | None = None) -> frozenset[str]:
+    """The names of the functions ``text`` defines at module level (with ``mentioning``: only
+    those whose body holds that string constant)."""
+    return frozenset(
+        node.name
+        for node in _parse(text).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (
+            mentioning is None
+            or any(isinstance(n, ast.Constant) and n.value == mentioning for n in ast.walk(node))
+        )
+    )
+
+
 def imported_names(text: str, module: str) -> tuple[str, ...]:
     """The names ``text`` imports from ``module`` (``from hal0.config.schema import ...``)."""
     names: list[str] = []
@@ -122,12 +217,36 @@ def imported_names(text: str, module: str) -> tuple[str, ...]:
 
 # -- shapes ----------------------------------------------------------------------------------------
 def _parse(text: str) -> ast.Module:
+    structure = sum(text.count(c) for c in _STRUCTURE)
+    if structure > MAX_STRUCTURE:
+        raise Hal0CodeError(
+            f"refused unparsed: {structure} lines, separators and operators, more than any "
+            f"hal0 module has (at most {MAX_STRUCTURE} are parsed)"
+        )
     try:
         return ast.parse(text)
     except SyntaxError as exc:
         raise Hal0CodeError(f"not valid Python (line {exc.lineno}: {exc.msg})") from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise Hal0CodeError(f"not readable as Python ({type(exc).__name__})") from None
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    return None
+
+
+def _optional_string(
+    node: ast.expr | None, known: Mapping[str, str | frozenset[str]], where: str
+) -> str | None:
+    if node is None or (isinstance(node, ast.Constant) and node.value is None):
+        return None
+    text = _string(node, known)
+    if text is None:
+        raise Hal0CodeError(f"line {node.lineno}: {where} holds {_shape(node)}")
+    return text
 
 
 def _assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
