@@ -189,3 +189,143 @@ def _replace(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.new")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+# -- eras before the allowlist, and the catalog-built runner table ---------------------------
+PRE_RULE_DEFAULT = f"{G}/hal0-rocmfpx:c077206"
+
+
+def pre_rule_schema_text(*, fixed: bool = False) -> str:
+    """A schema of hal0 before the Vulkan rule: a default and stale set, no capable set (with
+    ``fixed``: a ``VULKAN_FIXED_IMAGE`` too, a shape between the known eras)."""
+    extra = f'VULKAN_FIXED_IMAGE = "{C0822}"\n' if fixed else ""
+    return f'''"""Test stand-in for an early hal0 schema (no Vulkan-lane rule)."""
+
+from __future__ import annotations
+
+DEFAULT_ROCMFPX_IMAGE = "{PRE_RULE_DEFAULT}"
+{extra}FALLBACK_CUDA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+FALLBACK_VULKAN_IMAGE = "{G}/amd-strix-halo-toolboxes:vulkan-radv-server"
+
+STALE_ROCMFPX_IMAGE_REFS = frozenset({{"{G}/hal0-rocmfpx:server"}})
+'''
+
+
+UPDATER_RETIRED_TEXT = '''"""Test stand-in for the updater of the lane-retired era."""
+
+
+def relabel_stale_vulkan_slots(*, kfd_present=None):
+    moved = 0
+    for holder in _slots():
+        if holder.get("device") == "gpu-vulkan":
+            holder["device"] = "gpu-rocm" if kfd_present else "cpu"
+            moved += 1
+    return moved
+'''
+
+UPDATER_UNRELATED_TEXT = '''"""Test stand-in for an updater with no Vulkan relabel."""
+
+
+def relabel_stale_vulkan_slots():
+    return 0  # a function of that name that never touches gpu-vulkan is no evidence
+'''
+
+CATALOG_RUNNERS_TEXT = '''"""Test stand-in for a catalog-built runner registry (before the collapse)."""
+
+from __future__ import annotations
+
+from hal0.config.schema import DEFAULT_ROCMFPX_IMAGE, FALLBACK_CUDA_IMAGE, FALLBACK_VULKAN_IMAGE
+
+_FLM_IMAGE = "ghcr.io/hal0ai/hal0-toolbox-flm:0.9.44"
+
+
+def _build_runners_from_catalog():
+    from hal0.lifecycle.catalog import LifecycleCatalog
+
+    catalog = LifecycleCatalog.load_bundled()
+    _SUPPLEMENTS: dict[str, dict[str, object]] = {
+        "rocmfpx": {"image_override": DEFAULT_ROCMFPX_IMAGE, "manifest_key": None},
+        "vulkanfpx": {"image_override": DEFAULT_ROCMFPX_IMAGE, "manifest_key": None},
+        "vulkan": {"backend_override": "vulkan", "manifest_key": None},
+        "cuda": {"image_override": FALLBACK_CUDA_IMAGE},
+        "cpu": {"image_override": FALLBACK_VULKAN_IMAGE, "manifest_key": None},
+        "flm": {"image_override": _FLM_IMAGE, "manifest_key": "flm"},
+    }
+    return {r.id: _SUPPLEMENTS.get(r.id, {}) for r in catalog.envelope.runners}
+
+
+RUNNER_IMAGES = _build_runners_from_catalog()
+
+
+def runner_for_backend(backend, device_class=None):
+    be = (backend or "").lower()
+    if be == "cuda":
+        return get_runner("cuda")
+    if be == "vulkan":
+        return get_runner("vulkanfpx")
+    return get_runner("rocmfpx")
+'''
+
+VULKAN_PACKAGE = (f"{G}/amd-strix-halo-toolboxes", "sha256:" + "5e" * 32)
+
+
+def catalog_json() -> str:
+    """A lifecycle catalog in hal0's compiled JSON shape, written for the tests."""
+    import json
+
+    runners = [
+        {"id": rid, "package": package, "backends": [backend]}
+        for rid, package, backend in (
+            ("rocmfpx", "p-rocmfpx", "rocm"),
+            ("vulkanfpx", "p-rocmfpx", "vulkan"),
+            ("vulkan", "p-toolboxes", "vulkan"),
+            ("cuda", "p-cuda", "cuda"),
+            ("cpu", "p-toolboxes", "cpu"),
+            ("flm", "p-flm", "npu"),
+            ("kokoro", "p-kokoro", "cpu"),
+            ("qwen3tts", "p-qwen3tts", "rocm"),
+            ("comfyui", "p-comfyui", "rocm"),
+        )
+    ]
+    packages = [
+        {"id": "p-rocmfpx", "repository": f"{G}/hal0-rocmfpx", "digest": "sha256:" + "11" * 32},
+        {"id": "p-toolboxes", "repository": VULKAN_PACKAGE[0], "digest": VULKAN_PACKAGE[1]},
+        {
+            "id": "p-cuda",
+            "repository": "ghcr.io/ggml-org/llama.cpp",
+            "digest": "sha256:" + "22" * 32,
+        },
+        {"id": "p-flm", "repository": f"{G}/hal0-toolbox-flm", "digest": "sha256:" + "33" * 32},
+        {
+            "id": "p-kokoro",
+            "repository": f"{G}/hal0-toolbox-kokoro",
+            "digest": "sha256:" + "44" * 32,
+        },
+        {"id": "p-qwen3tts", "repository": f"{G}/hal0-qwen3tts", "digest": "sha256:" + "55" * 32},
+        {"id": "p-comfyui", "repository": "docker.io/x/comfyui", "digest": "sha256:" + "66" * 32},
+    ]
+    return json.dumps({"schema_version": 1, "runners": runners, "packages": packages})
+
+
+def write_file(path: Path, text: str) -> None:
+    """Lay one installed file down (folders made), by rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace(path, text)
+
+
+def install_texts(
+    tree: Hal0Tree,
+    *,
+    schema: str,
+    runners: str,
+    version: str = "1.0.0",
+    extra: dict[str, str] | None = None,
+) -> Hal0Tree:
+    """An installed hal0 from module texts; ``extra`` maps a path inside the hal0 package
+    (``updater/updater.py``, ``lifecycle/data/catalog.json``) to its text."""
+    write_file(tree.schema, schema)
+    write_file(tree.runners, runners)
+    write_file(tree.release / "VERSION", version + "\n")
+    for relative, text in (extra or {}).items():
+        write_file(tree.package / relative, text)
+    return tree
