@@ -653,6 +653,8 @@ def _hal0_lines(read: hal0.Hal0Read) -> list[str]:
     version = f.version or "version unknown"
     capable = ", ".join(sorted(f.capable)) or "none"
     lines = [f"hal0: {version}; default image {f.default_image}; Vulkan-capable: {capable}"]
+    lines += [f"  rule: {f.rule.value} ({f.rule_evidence})"]
+    lines += [f"  runners: {f.runners_shape.value} ({f.runners_evidence})"]
     lines += [f"  hal0 fact fallback: {p.line()}" for p in read.problems]
     return lines
 

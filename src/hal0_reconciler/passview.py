@@ -157,5 +157,6 @@ def _image_json(outcome: Outcome) -> dict[str, Any] | None:
         "capable": i.capable,
         "stale_looked_through": i.stale,
         "error": i.error,
+        "note": i.note,
         "explain": i.explain(),
     }

@@ -64,6 +64,7 @@ _SLOT_PORT_MIN = 8081
 DEFAULT_ROCMFPX_IMAGE = "{era.default}"
 {fixed}
 FALLBACK_CUDA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+FALLBACK_VULKAN_IMAGE = "ghcr.io/hal0ai/amd-strix-halo-toolboxes:vulkan-radv-server"
 
 #: only these refs may serve the gpu-vulkan lane
 VULKAN_CAPABLE_IMAGE_REFS: frozenset[str] = frozenset(
@@ -329,3 +330,28 @@ def install_texts(
     for relative, text in (extra or {}).items():
         write_file(tree.package / relative, text)
     return tree
+
+
+def plan_json(tree: Hal0Tree, slots: Path) -> dict[str, Any]:
+    """`hal0-reconciler plan --json` over ``slots`` with this hal0 installed (an AMD host whose
+    ROCm lane is usable), as a child process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers.hosts import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("HAL0_HOME", None)
+    s = tree.settings()
+    argv = [sys.executable, "-m", "hal0_reconciler", "plan", "--json", "--assume-amd"]
+    argv += ["--assume-rocm=usable", "--slots-dir", str(slots)]
+    argv += ["--state-dir", str(tree.root / "state"), "--hal0-venv", s["hal0_venv"]]
+    argv += ["--hal0-release-dir", s["hal0_release_dir"]]
+    argv += ["--hal0-config-file", s["hal0_config_file"]]
+    argv += ["--set", f"api_env_file={s['api_env_file']}", "--log-format", "json"]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode in (0, 2), result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc

@@ -3,15 +3,27 @@ installed hal0 decides (hal0-contract.md, "The effective image")."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.hal0_tree import ADE07BA, C0822, C0826, STRIX, Hal0Tree
+from helpers.hal0_tree import (
+    ADE07BA,
+    C0822,
+    C0824,
+    C0826,
+    CATALOG_RUNNERS_TEXT,
+    ERAS,
+    RUNNERS_TEXT,
+    STRIX,
+    UPDATER_RETIRED_TEXT,
+    Hal0Tree,
+    catalog_json,
+    install_texts,
+    plan_json,
+    pre_rule_schema_text,
+    schema_text,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,41 +87,7 @@ def write_slots(folder: Path) -> None:
 
 
 def plan(tree: Hal0Tree, slots: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    env.pop("HAL0_HOME", None)
-    s = tree.settings()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hal0_reconciler",
-            "plan",
-            "--json",
-            "--assume-amd",
-            "--assume-rocm=usable",
-            "--slots-dir",
-            str(slots),
-            "--state-dir",
-            str(tree.root / "state"),
-            "--hal0-venv",
-            s["hal0_venv"],
-            "--hal0-release-dir",
-            s["hal0_release_dir"],
-            "--hal0-config-file",
-            s["hal0_config_file"],
-            "--set",
-            f"api_env_file={s['api_env_file']}",
-            "--log-format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode in (0, 2), result.stderr
-    return json.loads(result.stdout)
+    return plan_json(tree, slots)
 
 
 def actions(report: dict) -> dict[str, str]:
@@ -187,3 +165,83 @@ def test_the_overrides_can_make_a_slot_capable(tmp_path: Path) -> None:
     tree.env_file.write_text(f"HAL0_TOOLBOX_IMAGE_ROCMFPX={C0822}\n")
     write_slots(tmp_path / "slots")
     assert KEEP == actions(plan(tree, tmp_path / "slots"))["plain"]
+
+
+ALL_KEEP = dict.fromkeys(SLOTS, KEEP)
+ALL_RELABEL = dict.fromkeys(SLOTS, RELABEL)
+CATALOG_0824 = {**EXPECTED["0824"]}
+
+
+def install_era(tree: Hal0Tree, era: str) -> Hal0Tree:
+    """The eras before the allowlist, the catalog-built runners, and one that cannot be placed."""
+    if era == "pre-rule":
+        return install_texts(tree, schema=pre_rule_schema_text(), runners=RUNNERS_TEXT)
+    if era == "lane-retired":
+        return install_texts(
+            tree,
+            schema=pre_rule_schema_text(fixed=True),
+            runners=RUNNERS_TEXT,
+            extra={"updater/updater.py": UPDATER_RETIRED_TEXT},
+        )
+    if era == "not-understood":
+        return install_texts(tree, schema=pre_rule_schema_text(fixed=True), runners=RUNNERS_TEXT)
+    assert era == "catalog"
+    return install_texts(
+        tree,
+        schema=schema_text(ERAS["0824"]),
+        runners=CATALOG_RUNNERS_TEXT,
+        extra={"lifecycle/data/catalog.json": catalog_json()},
+    )
+
+
+ERA_EXPECTED = {  # era -> (rule, runners, slot -> action)
+    "pre-rule": ("pre-rule", "literal", ALL_KEEP),
+    "lane-retired": ("lane-retired", "literal", ALL_RELABEL),
+    "not-understood": ("not-understood", "literal", ALL_KEEP),
+    "catalog": ("allowlist", "catalog", CATALOG_0824),
+}
+
+
+@pytest.mark.parametrize("era", list(ERA_EXPECTED))
+def test_each_era_gives_its_own_verdict_through_plan(tmp_path: Path, era: str) -> None:
+    """The same slot files: kept before the rule and when the era cannot be placed, all moved
+    when the lane is retired, judged by image under the catalog-built runners; `plan --json`
+    names the rule and the runner table, each with its evidence."""
+    tree = install_era(Hal0Tree(tmp_path), era)
+    write_slots(tmp_path / "slots")
+    report = plan(tree, tmp_path / "slots")
+    rule, runners, expected = ERA_EXPECTED[era]
+    assert expected == actions(report)
+    assert (rule, runners) == (report["hal0"]["rule"]["value"], report["hal0"]["runners"]["value"])
+    assert report["hal0"]["rule"]["evidence"]
+    assert report["hal0"]["runners"]["evidence"]
+
+
+def test_an_unplaced_hal0_is_loud_and_names_what_was_not_understood(tmp_path: Path) -> None:
+    """A hal0 whose era is not placed keeps every slot, and says why in its problems."""
+    tree = install_era(Hal0Tree(tmp_path), "not-understood")
+    write_slots(tmp_path / "slots")
+    report = plan(tree, tmp_path / "slots")
+    (line,) = [p for p in report["hal0"]["problems"] if "every slot is kept" in p]
+    assert "VULKAN_FIXED_IMAGE but no VULKAN_CAPABLE_IMAGE_REFS" in line
+    assert {"hal0-not-understood-nothing-moved"} == {
+        r["reason"] for r in report["slots"] if r["action"] == KEEP
+    }
+
+
+def test_the_catalog_era_sends_gpu_vulkan_to_its_own_vulkanfpx_runner(tmp_path: Path) -> None:
+    """Before the collapse `gpu-vulkan` runs the vulkanfpx runner, which reads only
+    HAL0_TOOLBOX_IMAGE_VULKANFPX: an override of ROCMFPX leaves it alone; one of VULKANFPX
+    moves it."""
+    tree = install_era(Hal0Tree(tmp_path), "catalog")
+    tree.env_file.parent.mkdir(parents=True, exist_ok=True)
+    tree.env_file.write_text("HAL0_TOOLBOX_IMAGE_ROCMFPX=example.org/llama:vk\n")
+    write_slots(tmp_path / "slots")
+    rows = {r["slot"]: r for r in plan(tree, tmp_path / "slots")["slots"]}
+    assert (KEEP, "vulkanfpx", C0824) == (
+        rows["plain"]["action"],
+        rows["plain"]["effective_image"]["runner"],
+        rows["plain"]["effective_image"]["image"],
+    )
+    tree.env_file.write_text("HAL0_TOOLBOX_IMAGE_VULKANFPX=example.org/llama:vk\n")
+    assert RELABEL == actions(plan(tree, tmp_path / "slots"))["plain"]

@@ -251,3 +251,35 @@ def test_default_images_agree_with_hal0s_own_validator(
         value, set(image.NEWEST_KNOWN.bundled), {"vulkanfpx": "rocmfpx"}
     )
     assert theirs == (ours if problem is None else None)
+
+
+def test_a_strix_runner_pinned_by_digest_is_judged_as_hal0_judges_it(tmp_path: Path) -> None:
+    """With a release manifest that pins strix by digest, hal0's newest code compares that
+    digest ref with its tag-form capable set as it is (no normalisation is in its source):
+    not capable, so the slot is relabelled, and `plan` says why."""
+    import json
+
+    from helpers.hal0_tree import plan_json, write_file
+
+    tree = install_texts(
+        Hal0Tree(tmp_path),
+        schema=real("schema-cfcc8969/schema.py"),
+        runners=real("runners-cfcc8969/__init__.py"),
+    )
+    digest = "sha256:" + "b5" * 32
+    manifest = {
+        "toolbox_images": {"strix": {"tag": f"{G}/hal0-strix-vulkan:0831", "digest": digest}}
+    }
+    write_file(tree.release / "manifest.json", json.dumps(manifest))
+    write_file(
+        tmp_path / "slots" / "vk.toml",
+        'name = "vk"\ntype = "llm"\nport = 8081\ndevice = "gpu-vulkan"\nbinary = "strix"\n',
+    )
+    (row,) = plan_json(tree, tmp_path / "slots")["slots"]
+    effective = row["effective_image"]
+    assert ("relabel", f"{G}/hal0-strix-vulkan@{digest}", "manifest") == (
+        row["action"],
+        effective["image"],
+        effective["rung"],
+    )
+    assert "does not map a digest to its tag" in effective["note"]
