@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from structlog.testing import capture_logs
 
+from hal0_reconciler.daemon import runner
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hal0_tree import C0826, STRIX
 
@@ -45,3 +48,25 @@ def test_an_operator_override_in_hal0_toml_is_followed(host: Host, notify_socket
             lambda: device_of(host.slots / "agent.toml") == "gpu-rocm",
             what="relabel after the hal0.toml override",
         )
+
+
+@pytest.mark.timeout(60)
+def test_a_hal0_installed_after_start_is_seen_at_once(host: Host, notify_socket) -> None:
+    """No hal0 at start (its folders do not exist: the newest known facts keep the unpinned
+    gpu-vulkan slot); hal0 installed afterwards, folder by folder as an installer lays it out,
+    is seen within seconds, with no resync: its broken default relabels the slot. (Sooner than
+    the main loop's own tick, which would also notice the new folders, only later.)"""
+    shutil.rmtree(host.root / "usr")
+    drop_slot(host.slots, "agent")
+    with capture_logs() as logs, running(host.settings(resync_interval=3600)):
+        notify_socket.wait_for("READY=1")
+        assert "gpu-vulkan" == device_of(host.slots / "agent.toml")
+        host.hal0.install("ade07ba")
+        wait_until(
+            lambda: device_of(host.slots / "agent.toml") == "gpu-rocm",
+            timeout=runner._LOOP_TICK - 0.5,
+            what="relabel after hal0 was installed",
+        )
+    changed = [e for e in logs if e["event"] == "hal0.facts_changed"]
+    assert "ghcr.io/hal0ai/hal0-rocmfpx:ade07ba" == changed[-1]["default_image"]
+    assert [] == [e["reason"] for e in logs if e["event"] == "daemon.resync_started"]

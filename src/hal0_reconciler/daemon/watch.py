@@ -8,7 +8,10 @@ Watched, all non-recursive:
   mode/owner mean "re-probe the host";
 - the folders of hal0's own fact files (its VERSION and release link, ``schema.py``, the runner
   table, hal0.toml, api.env, the manifests): a change of one of those files means "everything"
-  (a hal0 update can change the verdict on slot files that did not change);
+  (a hal0 update can change the verdict on slot files that did not change). A fact file whose
+  folder does not exist yet (hal0 not installed) is watched at its nearest existing ancestor,
+  for the one name that leads to it only (``/usr/lib`` for ``hal0``, never every package
+  install there); when that name appears the watch moves down and a full pass follows;
 - the aiter folders (each tree's ``configs/``, ``configs/model_configs/`` and JIT folder; never
   ``build/``): any change there means "re-plan aiter". While aiter trees are configured, a slot
   file change also does (its ``[server].env`` may choose other tables or another JIT folder).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import fnmatch
 import logging
 import os
 import threading
@@ -181,6 +185,8 @@ class Watcher(lifecycle.StartStop):
         self._aiter_dirs: tuple[Path, ...] = ()
         self._aiter_handler = _Handler(self._aiter_keys, self._enqueue)
         self._hal0_names: dict[Path, frozenset[str]] = {}
+        self._hal0_leads: dict[Path, frozenset[str]] = {}  # ancestor -> the names toward a fact
+        self._hal0_moved = threading.Event()  # a lead name appeared: move the watches down
         self._hal0_handler = _Handler(self._hal0_keys, self._enqueue)
         self.set_aiter_dirs(aiter_dirs)
 
@@ -191,7 +197,7 @@ class Watcher(lifecycle.StartStop):
         a pipe write per event and a main-loop round per wake-up, on the threads a burst of new
         files needs most."""
         self._enqueue_raw(keys)
-        if self._folder_changed.is_set():
+        if self._folder_changed.is_set() or self._hal0_moved.is_set():
             self._wake()
 
     def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
@@ -257,6 +263,10 @@ class Watcher(lifecycle.StartStop):
             path = Path(raw)
             if path.name in self._hal0_names.get(path.parent, ()):
                 return [Special.EVERYTHING]
+            leads = self._hal0_leads.get(path.parent, ())
+            if any(fnmatch.fnmatchcase(path.name, lead) for lead in leads):
+                self._hal0_moved.set()  # the main loop moves the watch down, then a full pass
+                return [Special.EVERYTHING]
         return []
 
     def _aiter_keys(self, event: FileSystemEvent) -> list[WorkKey]:
@@ -304,21 +314,33 @@ class Watcher(lifecycle.StartStop):
 
     def set_hal0_files(self, paths: Iterable[Path]) -> None:
         """Watch the folders of exactly these hal0 fact files (main thread; an unchanged set
-        costs nothing). The slots' parent folder is watched already: its handler looks too."""
+        costs a few ``stat`` calls). A file whose folder is missing is watched at the nearest
+        existing ancestor, for the one name (or ``python3.*`` pattern) leading to it. The slots'
+        parent folder is watched already: its handler looks too."""
         names: dict[Path, set[str]] = {}
+        leads: dict[Path, set[str]] = {}
         for path in paths:
-            absolute = path.absolute()
-            names.setdefault(absolute.parent, set()).add(absolute.name)
+            folder, name, lead = nearest_watch(path.absolute())
+            (leads if lead else names).setdefault(folder, set()).add(name)
         wanted = {folder: frozenset(n) for folder, n in names.items()}
-        if wanted == self._hal0_names:
+        wanted_leads = {folder: frozenset(n) for folder, n in leads.items()}
+        self._hal0_moved.clear()
+        if wanted == self._hal0_names and wanted_leads == self._hal0_leads:
             return
-        self._hal0_names = wanted
+        moved = bool(self._hal0_names or self._hal0_leads)  # not the first call: hal0 came
+        self._hal0_names, self._hal0_leads = wanted, wanted_leads
+        folders = [*wanted, *(f for f in wanted_leads if f not in wanted)]
+        self._watch_hal0(folders)
+        if moved:  # what appeared before the new watch was added is seen by a full pass
+            self._enqueue_raw([Special.EVERYTHING])
+
+    def _watch_hal0(self, folders: list[Path]) -> None:
         taken = {self._slots_dir, self._slots_dir.parent, *self._aiter_dirs}
         if self._dev_dir is not None:
             taken.add(self._dev_dir)
         if self._dri_dir is not None:
             taken.add(self._dri_dir)
-        self._watch_exactly(self._hal0_handler, [f for f in wanted if f not in taken])
+        self._watch_exactly(self._hal0_handler, [f for f in folders if f not in taken])
 
     def _watch_exactly(self, handler: _Handler, folders: list[Path] | tuple[Path, ...]) -> None:
         """Make ``handler``'s watches exactly ``folders``: unschedule the others, add the new."""
@@ -423,6 +445,28 @@ class Watcher(lifecycle.StartStop):
                 fallback="polling at the resync interval",
             )
         watch.failure = reason
+
+
+_GLOB = frozenset("*?[")
+
+
+def nearest_watch(path: Path) -> tuple[Path, str, bool]:
+    """Where to watch for ``path``: its folder and its name when the folder exists, else the
+    nearest existing ancestor and the one name in it that leads to ``path`` (True: a lead).
+    A component with a glob (``python3.*``) is a lead pattern in its parent."""
+    parts = path.parts
+    for depth in range(1, len(parts)):
+        if _GLOB & set(parts[depth]):
+            return _existing_lead(Path(*parts[:depth]), parts[depth])
+    if path.parent.is_dir():
+        return path.parent, path.name, False
+    return _existing_lead(path.parent.parent, path.parent.name)
+
+
+def _existing_lead(folder: Path, name: str) -> tuple[Path, str, bool]:
+    while not folder.is_dir() and folder != folder.parent:
+        folder, name = folder.parent, folder.name
+    return folder, name, True
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -84,8 +84,15 @@ class Hal0Paths:
     gpu_guard: Path | None = None  # hal0/providers/_gpu.py (lane-retired evidence)
 
     def watched(self) -> tuple[Path, ...]:
-        """What a hal0 update changes: every source, and the release link itself."""
-        return (*self.files(), self.version.parent)
+        """What a hal0 update changes: every source, and the release link itself; with no
+        hal0 package yet, where its ``schema.py`` would appear (a ``python3.*`` pattern, and
+        each Python folder the venv has already)."""
+        waiting: tuple[Path, ...] = ()
+        if self.schema is None:
+            lib = self.package_search.parents[2]  # <venv>/lib
+            found = tuple(p / "site-packages" / "hal0" for p in _python_dirs(lib))
+            waiting = tuple(p / "config" / "schema.py" for p in (self.package_search, *found))
+        return (*self.files(), self.version.parent, *waiting)
 
     def files(self) -> tuple[Path, ...]:
         found = (self.schema, self.runners, self.catalog, self.updater, self.gpu_guard)
@@ -550,17 +557,28 @@ def _read_text(path: Path, *, cap: int = _MAX_VERSION_BYTES, missing_ok: bool = 
 
 def _hal0_package(venv: Path) -> Path | None:
     """``<venv>/lib/pythonX.Y/site-packages/hal0``, the newest Python when there are several."""
-    found: list[tuple[tuple[int, int], Path]] = []
-    try:
-        entries = list(os.scandir(venv / "lib"))
-    except OSError:
-        return None
-    for entry in entries:
-        match = _PYTHON_DIR.fullmatch(entry.name)
-        package = Path(entry.path) / "site-packages" / "hal0"
-        if match is not None and package.is_dir():
-            found.append(((int(match.group(1)), int(match.group(2))), package))
+    found = [
+        (version, package)
+        for version, folder in _python_versions(venv / "lib")
+        if (package := folder / "site-packages" / "hal0").is_dir()
+    ]
     return max(found)[1] if found else None
+
+
+def _python_versions(lib: Path) -> list[tuple[tuple[int, int], Path]]:
+    try:
+        entries = list(os.scandir(lib))
+    except OSError:
+        return []
+    return [
+        ((int(m.group(1)), int(m.group(2))), Path(entry.path))
+        for entry in entries
+        if (m := _PYTHON_DIR.fullmatch(entry.name)) is not None
+    ]
+
+
+def _python_dirs(lib: Path) -> list[Path]:
+    return [folder for _, folder in sorted(_python_versions(lib))]
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
