@@ -19,6 +19,7 @@ PURE = [
     "slots/policy.py",
     "slots/image.py",
     "host/hal0_code.py",
+    "host/hal0_eras.py",
     "slots/edit.py",
     "slots/_tomlscan.py",
     "slots/limits.py",

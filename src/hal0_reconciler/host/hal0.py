@@ -10,16 +10,17 @@ Sources (every path a setting; ``HAL0_HOME`` moves the hal0 roots):
 - ``HAL0_TOOLBOX_IMAGE_*`` from hal0's environment file (``/etc/hal0/api.env``);
 - the manifest's digest refs (``/etc/hal0/manifest.json``, else ``current/manifest.json``).
 
-A source that is missing, unreadable or not understood gives the newest known values for what it
-would have said, and a :class:`FactProblem` that says which source and why. A setting overrides
-a set outright. :class:`Hal0Reader` re-reads only when a source file changed (by identity).
+The era of the installed hal0 is placed from what these files contain
+(:mod:`hal0_reconciler.host.hal0_eras`): its Vulkan-lane rule and its runner table's shape, each
+with its evidence. No hal0 at all: the newest known values, and a :class:`FactProblem` for each
+missing source. A hal0 whose era cannot be placed keeps every slot, loudly: newest values are
+never spliced into it. A setting overrides a set outright. :class:`Hal0Reader` re-reads only
+when a source file changed (by identity).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,15 +28,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hal0_reconciler import boundedread, errors, fsio
-from hal0_reconciler.host import envfile, hal0_code, hal0_eras
+from hal0_reconciler import errors, fsio
+from hal0_reconciler.host import envfile, hal0_code, hal0_eras, hal0_runners
+from hal0_reconciler.host.hal0_sources import (
+    MAX_CONFIG_BYTES,
+    MAX_SOURCE_BYTES,
+    FactProblem,
+    Hal0Paths,
+    SourceError,
+    hal0_paths,
+    read_text,
+)
 from hal0_reconciler.model import Hal0Facts, Hal0Rule, RunnerShape
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import image
 
-_MAX_SOURCE_BYTES = 4 * 1024 * 1024  # Python sources and the catalog: hal0's are ~160 KB
-_MAX_CONFIG_BYTES = 1024 * 1024  # hal0.toml, the manifests
-_MAX_VERSION_BYTES = 64 * 1024
 _SCHEMA_NAMES = ("DEFAULT_ROCMFPX_IMAGE", "VULKAN_CAPABLE_IMAGE_REFS", "STALE_ROCMFPX_IMAGE_REFS")
 _WANTED = (*_SCHEMA_NAMES, "VULKAN_FIXED_IMAGE")
 _FACT_OF_NAME = {
@@ -44,20 +51,7 @@ _FACT_OF_NAME = {
     "STALE_ROCMFPX_IMAGE_REFS": "stale",
 }
 _ENV_PREFIX = "HAL0_TOOLBOX_IMAGE_"
-_PYTHON_DIR = re.compile(r"python(\d+)\.(\d+)")
-
-
-@dataclass(frozen=True)
-class FactProblem:
-    """One hal0 source that could not give its facts, and what is used instead."""
-
-    source: str  # "schema.py", "runners", "VERSION", "hal0.toml", "environment", "manifest"
-    path: str
-    why: str
-    not_understood: bool = False  # hal0's code has a shape the parser does not know: loud
-
-    def line(self) -> str:
-        return f"{self.source} ({self.path}): {self.why}"
+__all__ = ["FactProblem", "Hal0Paths", "Hal0Read", "Hal0Reader", "describe", "hal0_paths"]
 
 
 @dataclass(frozen=True)
@@ -66,68 +60,6 @@ class Hal0Read:
 
     facts: Hal0Facts
     problems: tuple[FactProblem, ...]
-
-
-@dataclass(frozen=True)
-class Hal0Paths:
-    """Where the installed hal0 keeps what the reconciler reads."""
-
-    version: Path
-    schema: Path | None  # None: no hal0 package found in the venv
-    runners: Path | None
-    config: Path
-    environment: Path
-    manifests: tuple[Path, ...]
-    package_search: Path  # where the hal0 package was looked for
-    catalog: Path | None = None  # hal0/lifecycle/data/catalog.json (catalog-built runners)
-    updater: Path | None = None  # hal0/updater/updater.py (lane-retired evidence)
-    gpu_guard: Path | None = None  # hal0/providers/_gpu.py (lane-retired evidence)
-
-    def watched(self) -> tuple[Path, ...]:
-        """What a hal0 update changes: every source, and the release link itself; with no
-        hal0 package yet, where its ``schema.py`` would appear (a ``python3.*`` pattern, and
-        each Python folder the venv has already)."""
-        waiting: tuple[Path, ...] = ()
-        if self.schema is None:
-            lib = self.package_search.parents[2]  # <venv>/lib
-            found = tuple(p / "site-packages" / "hal0" for p in _python_dirs(lib))
-            waiting = tuple(p / "config" / "schema.py" for p in (self.package_search, *found))
-        return (*self.files(), self.version.parent, *waiting)
-
-    def files(self) -> tuple[Path, ...]:
-        found = (self.schema, self.runners, self.catalog, self.updater, self.gpu_guard)
-        return (
-            self.version,
-            *(p for p in found if p is not None),
-            self.config,
-            self.environment,
-            *self.manifests,
-        )
-
-
-def hal0_paths(settings: Settings) -> Hal0Paths:
-    """The source paths now (the venv's Python folder is found by listing it)."""
-    package = _hal0_package(settings.hal0_venv)
-    manifests = (
-        (settings.manifest_file,)
-        if settings.manifest_file is not None
-        else (
-            settings.hal0_config_file.parent / "manifest.json",
-            settings.hal0_release_dir / "manifest.json",
-        )
-    )
-    return Hal0Paths(
-        version=settings.hal0_release_dir / "VERSION",
-        schema=package / "config" / "schema.py" if package is not None else None,
-        runners=package / "runners" / "__init__.py" if package is not None else None,
-        config=settings.hal0_config_file,
-        environment=settings.api_env_file,
-        manifests=manifests,
-        package_search=settings.hal0_venv / "lib" / "python3.*" / "site-packages" / "hal0",
-        catalog=package / "lifecycle" / "data" / "catalog.json" if package is not None else None,
-        updater=package / "updater" / "updater.py" if package is not None else None,
-        gpu_guard=package / "providers" / "_gpu.py" if package is not None else None,
-    )
 
 
 class Hal0Reader:
@@ -176,7 +108,7 @@ def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
         if name in values and paths.schema is not None:
             sources[fact] = f"{paths.schema} ({name})"
 
-    table = _runner_table(paths, values, default_image, problems)
+    table = hal0_runners.runner_table(paths, values, default_image, problems)
     if table is not None:
         sources["bundled"] = str(paths.runners)
         bundled, manifest_keys, aliases = table.images, table.manifest_keys, table.aliases
@@ -225,7 +157,7 @@ def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
 _NO_TABLE = "no runner table read: the newest known one (rocmfpx/vulkanfpx collapsed)"
 
 
-def _unknown(table: _Table | None) -> frozenset[str]:
+def _unknown(table: hal0_runners.Table | None) -> frozenset[str]:
     return table.unknown if table is not None else frozenset()
 
 
@@ -233,7 +165,7 @@ def _placement(
     installed: bool,
     paths: Hal0Paths,
     schema: _Schema,
-    table: _Table | None,
+    table: hal0_runners.Table | None,
     problems: list[FactProblem],
 ) -> hal0_eras.Placement:
     """The rule of the installed hal0 (loud when it cannot be placed)."""
@@ -272,11 +204,11 @@ def _retirement(paths: Hal0Paths) -> tuple[str | None, str | None]:
         if path is None:
             continue
         try:
-            text = _read_text(path, missing_ok=True)
+            text = read_text(path, missing_ok=True)
             found = hal0_code.top_level_functions(text, mentioning="gpu-vulkan") if text else ()
             if function in found:
                 return f"{path.name} defines {function}, which moves gpu-vulkan slots", None
-        except (_SourceError, hal0_code.Hal0CodeError) as exc:
+        except (SourceError, hal0_code.Hal0CodeError) as exc:
             unread.append(f"{path} was not read ({exc})")
     return None, "; ".join(unread) or None
 
@@ -300,8 +232,8 @@ def describe(facts: Hal0Facts) -> dict[str, Any]:
 # -- one source each ---------------------------------------------------------------------------
 def _version(path: Path, problems: list[FactProblem]) -> str | None:
     try:
-        text = _read_text(path).strip()
-    except _SourceError as exc:
+        text = read_text(path).strip()
+    except SourceError as exc:
         problems.append(FactProblem("VERSION", str(path), str(exc)))
         return None
     return text.splitlines()[0].strip() if text else None
@@ -321,9 +253,9 @@ def _schema(paths: Hal0Paths, problems: list[FactProblem]) -> _Schema:
         problems.append(FactProblem("schema.py", str(paths.package_search), why))
         return _Schema({}, frozenset(), why)
     try:
-        text = _read_text(paths.schema, cap=_MAX_SOURCE_BYTES)
+        text = read_text(paths.schema, cap=MAX_SOURCE_BYTES)
         values, errors = hal0_code.module_values(text, wanted=_WANTED)
-    except _SourceError as exc:
+    except SourceError as exc:
         problems.append(FactProblem("schema.py", str(paths.schema), f"{exc}: {fallback}"))
         return _Schema({}, frozenset(), str(exc))
     except hal0_code.Hal0CodeError as exc:
@@ -341,127 +273,14 @@ def _schema(paths: Hal0Paths, problems: list[FactProblem]) -> _Schema:
     return _Schema(values, assigned, None)
 
 
-@dataclass(frozen=True)
-class _Table:
-    images: dict[str, str]
-    manifest_keys: dict[str, str]
-    aliases: dict[str, str]
-    shape: RunnerShape
-    evidence: str
-    vulkan_runner: str
-    unknown: frozenset[str] = frozenset()
-
-
-def _runner_table(
-    paths: Hal0Paths,
-    schema_values: Mapping[str, str | frozenset[str]],
-    default_image: str,
-    problems: list[FactProblem],
-) -> _Table | None:
-    """The runner table, literal or catalog-built; images named from schema.py resolve to its
-    values. None: not read (said as a problem; for a missing package, said for schema.py)."""
-    if paths.runners is None:
-        return None
-    where = str(paths.runners)
-    try:
-        text = _read_text(paths.runners, cap=_MAX_SOURCE_BYTES)
-        names = hal0_code.imported_names(text, "hal0.config.schema")
-        known = {**schema_values, "DEFAULT_ROCMFPX_IMAGE": default_image}
-        imported = {n: v for n in names if isinstance(v := known.get(n), str)}
-        shape = hal0_code.runner_table_shape(text)
-        separate = hal0_code.separate_vulkan_runner(text)
-        if shape == "catalog":
-            table = _catalog_table(paths, text, imported, separate, problems)
-        else:
-            said = problems if schema_values else []  # an unread schema.py was said already
-            table = _literal_table(text, imported, separate, where, said)
-    except _SourceError as exc:
-        problems.append(FactProblem("runners", where, f"{exc}: the era cannot be placed"))
-        return None
-    except hal0_code.Hal0CodeError as exc:
-        why = f"{exc}: the era cannot be placed"
-        problems.append(FactProblem("runners", where, why, not_understood=True))
-        return None
-    return table
-
-
-def _literal_table(
-    text: str, imported: dict[str, str], separate: bool, where: str, problems: list[FactProblem]
-) -> _Table:
-    table = hal0_code.runners(text, imported=imported)
-    problems.extend(
-        FactProblem("runners", where, f"{why}: left out", not_understood=True)
-        for why in table.problems
-    )
-    if separate or ("vulkanfpx" in table.images and "vulkanfpx" not in table.aliases):
-        evidence = "RUNNER_IMAGES is a literal dict with a vulkanfpx runner of its own"
-        return _Table(
-            dict(table.images),
-            dict(table.manifest_keys),
-            dict(table.aliases),
-            RunnerShape.LITERAL_PRE_COLLAPSE,
-            evidence,
-            "vulkanfpx",
-        )
-    aliases = table.aliases or dict(image.NEWEST_KNOWN.aliases)
-    evidence = "RUNNER_IMAGES is a literal dict; vulkanfpx is an alias of rocmfpx"
-    return _Table(
-        dict(table.images),
-        dict(table.manifest_keys),
-        aliases,
-        RunnerShape.LITERAL,
-        evidence,
-        "rocmfpx",
-    )
-
-
-def _catalog_table(
-    paths: Hal0Paths,
-    text: str,
-    imported: dict[str, str],
-    separate: bool,
-    problems: list[FactProblem],
-) -> _Table:
-    supplements = hal0_code.catalog_supplements(text, imported=imported)
-    catalog: object | None = None
-    path = paths.catalog
-    why: str | None = None
-    if path is not None:
-        try:
-            data = _read_text(path, cap=_MAX_SOURCE_BYTES)
-            catalog = json.loads(data)
-        except _SourceError as exc:
-            why = str(exc)
-        except (ValueError, RecursionError) as exc:
-            why = f"not valid JSON ({exc})"
-    built, fallback = hal0_eras.catalog_table(catalog, supplements)
-    if why is not None or (fallback is not None and catalog is not None):
-        unknown = ", ".join(sorted(built.unknown)) or "none"
-        line = (
-            f"{why or fallback}: runners and images from _SUPPLEMENTS only "
-            f"(image unknown, judged not capable: {unknown})"
-        )
-        problems.append(FactProblem("catalog", str(path), line))
-    evidence = f"RUNNER_IMAGES = {hal0_code.CATALOG_BUILDER}() from {path}"
-    return _Table(
-        built.images,
-        built.manifest_keys,
-        {},
-        RunnerShape.CATALOG,
-        evidence,
-        "vulkanfpx" if separate else "rocmfpx",
-        built.unknown,
-    )
-
-
 def _default_images(
     path: Path, runners: set[str], aliases: Mapping[str, str], problems: list[FactProblem]
 ) -> dict[str, str]:
     """``[slots].default_images`` as hal0 loads it: all of it, or none when hal0 would refuse
     its ``hal0.toml`` (not TOML, or one entry its validator rejects)."""
     try:
-        data = tomllib.loads(_read_text(path, missing_ok=True, cap=_MAX_CONFIG_BYTES))
-    except _SourceError as exc:
+        data = tomllib.loads(read_text(path, missing_ok=True, cap=MAX_CONFIG_BYTES))
+    except SourceError as exc:
         problems.append(FactProblem("hal0.toml", str(path), f"{exc}: no default_images used"))
         return {}
     except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
@@ -499,8 +318,8 @@ def _manifest(
     tag of each digest ref (hal0 compares the digest ref as it is: ``plan`` says so)."""
     for path in candidates:
         try:
-            text = _read_text(path, missing_ok=True, cap=_MAX_CONFIG_BYTES)
-        except _SourceError as exc:
+            text = read_text(path, missing_ok=True, cap=MAX_CONFIG_BYTES)
+        except SourceError as exc:
             problems.append(FactProblem("manifest", str(path), f"{exc}: not used"))
             continue
         if not text:
@@ -541,46 +360,6 @@ def _pick(values: Mapping[str, object], name: str, kind: type, fallback: Any) ->
 
 
 # -- files -------------------------------------------------------------------------------------
-class _SourceError(Exception):
-    """A source file that could not be read (the message is for people)."""
-
-
-def _read_text(path: Path, *, cap: int = _MAX_VERSION_BYTES, missing_ok: bool = False) -> str:
-    """A regular file's text (through :mod:`boundedread`: never blocking, at most ``cap``
-    bytes); "" for a missing one when allowed."""
-    try:
-        text = boundedread.read_bounded_text(path, max_bytes=cap, missing_ok=missing_ok)
-    except boundedread.ReadRefused as exc:
-        raise _SourceError(exc.reason) from None
-    return text or ""
-
-
-def _hal0_package(venv: Path) -> Path | None:
-    """``<venv>/lib/pythonX.Y/site-packages/hal0``, the newest Python when there are several."""
-    found = [
-        (version, package)
-        for version, folder in _python_versions(venv / "lib")
-        if (package := folder / "site-packages" / "hal0").is_dir()
-    ]
-    return max(found)[1] if found else None
-
-
-def _python_versions(lib: Path) -> list[tuple[tuple[int, int], Path]]:
-    try:
-        entries = list(os.scandir(lib))
-    except OSError:
-        return []
-    return [
-        ((int(m.group(1)), int(m.group(2))), Path(entry.path))
-        for entry in entries
-        if (m := _PYTHON_DIR.fullmatch(entry.name)) is not None
-    ]
-
-
-def _python_dirs(lib: Path) -> list[Path]:
-    return [folder for _, folder in sorted(_python_versions(lib))]
-
-
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
     try:
         return fsio.identity_of(path.stat())
