@@ -631,11 +631,18 @@ class Reconciler:
         self.hal0_facts, self.hal0_problems = new, read.problems
         if quiet:
             return
-        if old is not None and (old.default_image, old.capable) != (new.default_image, new.capable):
+        if old is not None and (old.default_image, old.capable, old.rule) != (
+            new.default_image,
+            new.capable,
+            new.rule,
+        ):
             _log.info(
                 "hal0.facts_changed",
                 version=new.version,
                 old_version=old.version,
+                rule=new.rule.value,
+                old_rule=old.rule.value,
+                rule_evidence=new.rule_evidence,
                 default_image=new.default_image,
                 old_default_image=old.default_image,
                 vulkan_capable=sorted(new.capable),

@@ -191,3 +191,47 @@ def test_anything_a_source_raises_falls_back_with_a_problem(
     assert image.NEWEST_KNOWN == read.facts
     (problem,) = read.problems
     assert "nested too deeply" in problem.why
+
+
+@pytest.mark.parametrize(
+    ("where", "content", "source", "why"),
+    [
+        ("schema", "aa=1\n" * 700_000, "schema.py", "refused unparsed"),
+        ("runners", "x = [" + "1," * 1_000_000 + "]\n", "runners", "refused unparsed"),
+        ("config", "# pad\n" * 200_000, "hal0.toml", "larger than the 1048576-byte limit"),
+        ("manifest", " " * (1024 * 1024 + 1), "manifest", "larger than the 1048576-byte limit"),
+    ],
+    ids=["700k statements", "a 1M-element list", "a 1.2 MB hal0.toml", "a 1 MiB manifest"],
+)
+def test_hostile_sizes_are_refused_with_a_reason(
+    tmp_path: Path, where: str, content: str, source: str, why: str
+) -> None:
+    """hal0's Python sources are parsed only below a structure cap (a 4 MiB module of 700k
+    statements costs one linear count, not gigabytes of syntax tree); hal0.toml and the
+    manifests are read up to 1 MiB. Each refusal names the source and why."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    path = {
+        "config": tree.config,
+        "manifest": tree.release / "manifest.json",
+        "schema": tree.schema,
+        "runners": tree.runners,
+    }[where]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    read = hal0.read_facts(load(tree))
+    (problem,) = [p for p in read.problems if p.source == source]
+    assert why in problem.why
+
+
+def test_the_rule_and_the_runner_table_are_described_with_evidence(tmp_path: Path) -> None:
+    """`plan --json` and `probe` show the era on two axes, each with what decided it."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    described = hal0.describe(hal0.read_facts(load(tree)).facts)
+    assert {
+        "value": "allowlist",
+        "evidence": "schema.py defines VULKAN_CAPABLE_IMAGE_REFS",
+    } == described["rule"]
+    assert {
+        "value": "literal",
+        "evidence": "RUNNER_IMAGES is a literal dict; vulkanfpx is an alias of rocmfpx",
+    } == described["runners"]

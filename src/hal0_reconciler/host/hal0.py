@@ -85,6 +85,14 @@ class Hal0Reader:
 
 
 def read_facts(settings: Settings, paths: Hal0Paths | None = None) -> Hal0Read:
+    """Read every source now; each module is parsed once (its tree dropped when done)."""
+    try:
+        return _read_facts(settings, paths)
+    finally:
+        hal0_code.forget()
+
+
+def _read_facts(settings: Settings, paths: Hal0Paths | None) -> Hal0Read:
     """Read every source now; place the installed hal0's era; a problem for each source that
     failed. No hal0 at all: the newest known facts. A hal0 that cannot be placed: its rule is
     ``not-understood`` (every slot is kept), never newest values spliced into it."""

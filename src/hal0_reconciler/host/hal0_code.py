@@ -23,6 +23,7 @@ before it is parsed, so a hostile 4 MiB module costs one linear count, not gigab
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -216,7 +217,15 @@ def imported_names(text: str, module: str) -> tuple[str, ...]:
 
 
 # -- shapes ----------------------------------------------------------------------------------------
+def forget() -> None:
+    """Drop the trees kept while one set of hal0's files is read (call when done)."""
+    _parse.cache_clear()
+
+
+@functools.lru_cache(maxsize=2)
 def _parse(text: str) -> ast.Module:
+    """The module's tree (never changed by a reader: kept for the next question about the
+    same text, until :func:`forget`); refused above the structure cap."""
     structure = sum(text.count(c) for c in _STRUCTURE)
     if structure > MAX_STRUCTURE:
         raise Hal0CodeError(
