@@ -235,3 +235,30 @@ def test_the_rule_and_the_runner_table_are_described_with_evidence(tmp_path: Pat
         "value": "literal",
         "evidence": "RUNNER_IMAGES is a literal dict; vulkanfpx is an alias of rocmfpx",
     } == described["runners"]
+
+
+def test_an_updater_whose_relabel_never_touches_gpu_vulkan_is_no_retirement(
+    tmp_path: Path,
+) -> None:
+    """Only a relabel that moves gpu-vulkan slots proves the lane retired: a function of that
+    name that does not leaves a pre-rule hal0 pre-rule."""
+    from helpers.hal0_tree import (
+        RUNNERS_TEXT,
+        UPDATER_RETIRED_TEXT,
+        UPDATER_UNRELATED_TEXT,
+        install_texts,
+        pre_rule_schema_text,
+    )
+
+    tree = Hal0Tree(tmp_path)
+    for updater, rule in (
+        (UPDATER_UNRELATED_TEXT, "pre-rule"),
+        (UPDATER_RETIRED_TEXT, "lane-retired"),
+    ):
+        install_texts(
+            tree,
+            schema=pre_rule_schema_text(),
+            runners=RUNNERS_TEXT,
+            extra={"updater/updater.py": updater},
+        )
+        assert rule == hal0.read_facts(load(tree)).facts.rule.value
