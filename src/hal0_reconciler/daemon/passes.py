@@ -317,7 +317,7 @@ class Passes:
 
     def _note_hal0(self, reconciler: reconcile.Reconciler) -> None:
         """hal0's facts for the status; a source hal0 wrote in a shape we do not understand is a
-        problem (the newest known values stand in until it is fixed)."""
+        problem (until it is fixed, a hal0 whose era is not placed keeps every slot)."""
         if reconciler.hal0_facts is not None:
             described = hal0.describe(reconciler.hal0_facts)
             with self.lock:

@@ -20,6 +20,7 @@ when a source file changed (by identity).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from collections.abc import Mapping
@@ -76,10 +77,13 @@ class Hal0Reader:
         if self._last is None or identity != self._identity:
             try:
                 self._last = read_facts(self._settings, paths)
-            except Exception as exc:  # no hal0 file, however odd, stops a pass: newest known
-                why = f"could not be read ({errors.describe(exc)}): newest known values used"
+            except Exception as exc:  # no hal0 file, however odd, stops a pass: nothing moves
+                why = f"could not be read ({errors.describe(exc)}): every slot is kept"
                 problem = FactProblem("hal0", str(paths.package_search), why, not_understood=True)
-                self._last = Hal0Read(image.NEWEST_KNOWN, (problem,))
+                facts = dataclasses.replace(
+                    image.NEWEST_KNOWN, rule=Hal0Rule.NOT_UNDERSTOOD, rule_evidence=why
+                )
+                self._last = Hal0Read(facts, (problem,))
             self._identity = identity
         return self._last
 
