@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import fsio
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
 SCHEMA = 1
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
+MAX_BYTES = 64 << 20
+"""The cap on status.json read back (a slot's entry is ~300 bytes: 200,000 slots fit)."""
 
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
@@ -114,12 +117,13 @@ def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any
     """The daemon's state word, the report's first line, the exit code, and the snapshot."""
     path = status_path(settings)
     try:
-        snapshot = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
-    except OSError as exc:
-        return "unknown", f"status unknown ({path}: {exc.strerror})", EXIT_UNKNOWN, None
-    except ValueError:
+        data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
+        if data is None:
+            return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
+        snapshot = json.loads(data)
+    except ReadRefused as exc:  # a FIFO, a link, a giant: never blocked on, never followed
+        return "unknown", f"status unknown ({path}: {exc.reason})", EXIT_UNKNOWN, None
+    except (ValueError, RecursionError):
         return "unknown", f"status unknown ({path}: not JSON)", EXIT_UNKNOWN, None
     if not isinstance(snapshot, dict):
         return "unknown", f"status unknown ({path}: not an object)", EXIT_UNKNOWN, None
@@ -190,8 +194,8 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
 
 def _snapshot(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(read_bounded(path, max_bytes=MAX_BYTES) or b"")
+    except (ReadRefused, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
