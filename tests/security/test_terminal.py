@@ -24,8 +24,8 @@ from security.test_host_reads import in_a_child, run_cli
 pytestmark = pytest.mark.timeout(120)
 
 # erase the line, move up, set the window title (OSC ... BEL), a right-to-left override
-HOSTILE = "ev\x1b[2K\x1b[1Ail\x1b]0;owned\x07\u202egpj.exe\x9b2J\x7f"
-HOSTILE_SHOWN = "ev\\x1b[2K\\x1b[1Ail\\x1b]0;owned\\x07\\u202egpj.exe\\x9b2J\\x7f"
+HOSTILE = "ev\x1b[2K\x1b[1Ail\x1b]0;owned\x07\u202egpj.exe\x9b2J\x7f\nforged"
+HOSTILE_SHOWN = "ev\\x1b[2K\\x1b[1Ail\\x1b]0;owned\\x07\\u202egpj.exe\\x9b2J\\x7f\\nforged"
 FILE_NAME = "x\x1b[31mred\u2066.toml"
 FILE_SHOWN = "x\\x1b[31mred\\u2066.toml"
 IMAGE = "ghcr.io/evil/img\x1b[2J\x1b[H:tag"
@@ -187,6 +187,19 @@ def test_status_shows_a_hostile_slot_name_escaped(attacks: Tally, tmp_path: Path
     lines = result.stdout.splitlines()
     assert f"{HOSTILE_SHOWN} ({FILE_SHOWN})" == lines[-2].split()[0] + " " + lines[-2].split()[1]
     assert f"  problem: slot {HOSTILE_SHOWN}: {IMAGE_SHOWN}" == lines[-1]
+    attacks.held("escape sequences")
+
+
+def test_status_shows_a_hostile_runtime_path_escaped(attacks: Tally, tmp_path: Path) -> None:
+    """`status` names the status file it did not find; a path with escape sequences (the
+    report's own words, not a value) is escaped by the output itself."""
+    runtime = tmp_path / f"run{HOSTILE}"
+    attacks.tried("escape sequences")
+    result = run_cli("status", "--runtime-dir", str(runtime), home=tmp_path)
+    assert 3 == result.returncode
+    assert [] == raw_controls(result.stdout)
+    shown = console.inert_lines(str(runtime / "status.json"))
+    assert f"hal0-reconciler: not running (no {shown})\n" == result.stdout
     attacks.held("escape sequences")
 
 
