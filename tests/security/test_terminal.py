@@ -224,6 +224,29 @@ def test_aiter_explain_shows_a_hostile_kernel_name_escaped(attacks: Tally, tmp_p
     attacks.held("escape sequences")
 
 
+def test_aiter_plan_shows_a_hostile_slot_escaped_and_json_keeps_it_exact(
+    attacker: Attacker, attacks: Tally, tmp_path: Path
+) -> None:
+    """`aiter plan` names a slot file it could not read, its escape sequences escaped; `aiter
+    plan --json` keeps the exact name."""
+    package, slots = tmp_path / "aiter", tmp_path / "slots"
+    package.mkdir()
+    slots.mkdir()
+    stem = f"bad{HOSTILE}"
+    (slots / f"{stem}.toml").write_text("garbage = = \n")
+    attacker.chown(slots, slots / f"{stem}.toml")
+    args = ("--package-dir", str(package), "--slots-dir", str(slots), "--target", "gfx942:304")
+    attacks.tried("escape sequences")
+    shown = run_cli("aiter", "plan", *args, home=tmp_path)
+    assert [] == raw_controls(shown.stdout + shown.stderr)
+    assert shown.stdout.splitlines()[0].startswith(
+        f"! slot bad{HOSTILE_SHOWN} unreadable, its environment is not checked: not valid TOML"
+    )
+    machine = run_cli("aiter", "plan", "--json", *args, home=tmp_path)
+    assert [stem] == list(json.loads(machine.stdout)["slots_unreadable"])
+    attacks.held("escape sequences")
+
+
 def test_log_lines_escape_values_and_native_fields_stay_exact(attacks: Tally) -> None:
     """The journal line (and so the native MESSAGE) shows a slot name escaped; the native
     SLOT= field keeps the exact value."""
