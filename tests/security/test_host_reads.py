@@ -180,6 +180,21 @@ def test_a_settings_file_that_is_a_fifo_is_a_one_line_error(
     attacks.held("settings fifo")
 
 
+def test_a_fifo_at_the_default_settings_path_is_refused_loudly(
+    attacker: Attacker, attacks: Tally, host_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A FIFO where /etc/hal0/reconciler.toml goes: an error naming it, not silent defaults."""
+    fifo = tmp_path / "etc/hal0/reconciler.toml"
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    plant_fifo(fifo, attacker)
+    attacks.tried("settings fifo")
+    result = run_cli("plan", *host_args(host_dirs), home=tmp_path)
+    assert 1 == result.returncode, result.stdout
+    expected = f"{fifo}: cannot read the settings file: a FIFO, not a regular file"
+    assert [f"hal0-reconciler: error: {expected}"] == result.stderr.splitlines()
+    attacks.held("settings fifo")
+
+
 def test_a_huge_settings_file_is_refused_by_its_cap(attacks: Tally, tmp_path: Path) -> None:
     """A 16 MiB sparse settings file is refused with the cap named, not parsed."""
     big = tmp_path / "reconciler.toml"
