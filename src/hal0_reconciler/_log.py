@@ -9,6 +9,11 @@
 - ``console`` on a terminal: structlog's readable renderer.
 - ``json`` otherwise and for pipelines.
 
+Terminal output is inert (``console.inert``): a value logged may be a slot file's or hal0's
+text, so the journal line (the native MESSAGE too) and the console renderer's ``key=value``
+show its control characters escaped; the native journal's structured fields (SLOT=, PATH= ...)
+and the JSON format keep the exact value (JSON escapes them itself).
+
 Only structlog APIs that exist in 22.3 (Debian 12) are used.
 
 structlog (which imports asyncio) is imported when the first event is logged, not before:
@@ -91,7 +96,8 @@ def _value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if text and _BARE.match(text):
         return text
-    return json.dumps(text, ensure_ascii=False)  # quotes, and "\n" stays on one line
+    # quotes, "\n" stays on one line; DEL, C1 and bidi controls (json leaves them) escaped too
+    return console.inert(json.dumps(text, ensure_ascii=False))
 
 
 def journal_line(method_name: str, event_dict: MutableMapping[str, Any]) -> str:
@@ -101,9 +107,18 @@ def journal_line(method_name: str, event_dict: MutableMapping[str, Any]) -> str:
     event = str(fields.pop("event", ""))
     fields.pop("timestamp", None)
     priority = _PRIORITY.get(level, _PRIORITY.get(method_name, 6))
-    parts = [event.replace("\n", "\\n")]
+    parts = [console.inert(event)]
     parts.extend(f"{k}={_value(v)}" for k, v in fields.items())
     return f"<{priority}>" + " ".join(parts)
+
+
+def inert_values(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """The console renderer's text values inert (it writes a ``str`` as it is; other values
+    go through ``repr``, which escapes control characters itself). A traceback keeps its lines."""
+    for key, value in event_dict.items():
+        if isinstance(value, str) and key not in {"exception", "exc_info"}:
+            event_dict[key] = console.inert(value)
+    return event_dict
 
 
 def native_fields(line: str, event_dict: MutableMapping[str, Any]) -> dict[str, str]:
@@ -300,6 +315,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
         processors = [
             *shared,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            inert_values,
             structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]
         sink = JournalLogger()

@@ -456,16 +456,16 @@ def _dispatch(
             console.dump_json({"schema": JSON_SCHEMA, **doc})
             return code
         text, code = status.report(current)
-        print(text)
+        console.say(text)
         return code
     if verb == "reload":
         from hal0_reconciler.daemon import status
 
         text, code = status.reload(current, pid=args.pid, timeout=args.timeout)
         if code != status.EXIT_OK:
-            print(text, file=sys.stderr)
+            console.say(text, sys.stderr)
         elif sys.stdout.isatty():  # under systemd (ExecReload) success says nothing
-            print(text)
+            console.say(text)
         return code
     from hal0_reconciler.aiter import cli as aiter_cli
 
@@ -574,7 +574,7 @@ def _once_until(
         doc |= {"slots": passview.once_slots(report), **passview.once_counts(report)}
         console.dump_json({**doc, "exit_code": code})
     elif sys.stdout.isatty():  # a person is reading; a pipe or the journal gets the logs only
-        print("\n".join([_facts_line(facts), *passview.once_lines(report)]))
+        console.say("\n".join([_facts_line(facts), *passview.once_lines(report)]), painted=True)
     return code
 
 
@@ -619,9 +619,9 @@ def _plan_print(
         doc |= {"slots": slots, "pending": pending}
         console.dump_json({**doc, "unjudged": unjudged, "exit_code": code})
     else:
-        print(_plan_table(rows, notes, pending, facts, read))
+        console.say(_plan_table(rows, notes, pending, facts, read))
         if unjudged:
-            print(f"{unjudged} slot file(s) could not be judged: see their REASON")
+            console.say(f"{unjudged} slot file(s) could not be judged: see their REASON")
     return code
 
 
@@ -645,17 +645,18 @@ def _facts_line(facts: HostFacts) -> str:
     if not facts.amd:
         return "host: not AMD (nothing is touched)"
     why = facts.lane_reason if facts.probe is not None else "assumed, not probed"
-    return f"host: AMD, ROCm lane {facts.lane.value} ({why})"
+    return f"host: AMD, ROCm lane {facts.lane.value} ({console.inert(why)})"
 
 
 def _hal0_lines(read: hal0.Hal0Read) -> list[str]:
-    f = read.facts
-    version = f.version or "version unknown"
-    capable = ", ".join(sorted(f.capable)) or "none"
-    lines = [f"hal0: {version}; default image {f.default_image}; Vulkan-capable: {capable}"]
-    lines += [f"  rule: {f.rule.value} ({f.rule_evidence})"]
-    lines += [f"  runners: {f.runners_shape.value} ({f.runners_evidence})"]
-    lines += [f"  hal0 fact fallback: {p.line()}" for p in read.problems]
+    """hal0's facts for people: every value is hal0's file's, shown inert."""
+    f, inert = read.facts, console.inert
+    version = inert(f.version or "version unknown")
+    capable = ", ".join(inert(c) for c in sorted(f.capable)) or "none"
+    lines = [f"hal0: {version}; default image {inert(f.default_image)}; Vulkan-capable: {capable}"]
+    lines += [f"  rule: {f.rule.value} ({inert(f.rule_evidence)})"]
+    lines += [f"  runners: {f.runners_shape.value} ({inert(f.runners_evidence)})"]
+    lines += [f"  hal0 fact fallback: {inert(p.line())}" for p in read.problems]
     return lines
 
 
@@ -681,6 +682,7 @@ def _plan_table(
     read: hal0.Hal0Read,
 ) -> str:
     head = {k: k.upper() for k in _COLUMNS}
+    rows = [{k: console.inert(r[k]) for k in head} for r in rows]  # names, images: files' text
     widths = {k: max(len(r[k]) for r in [head, *rows]) for k in head}
     lines = [_facts_line(facts), *_hal0_lines(read), ""]
     lines += ["  ".join(r[k].ljust(widths[k]) for k in head).rstrip() for r in [head, *rows]]
@@ -745,24 +747,26 @@ def _probe(current: settings.Settings, *, as_json: bool = False) -> int:
     if as_json:
         console.dump_json({**doc, "exit_code": code})
         return code
-    print(f"AMD host: {'yes' if facts.amd else 'no'} ({current.amdgpu_module_dir})")
-    print("\n".join(_hal0_lines(read)))
+    say, inert = console.say, console.inert  # paths, names and reasons: shown inert
+    say(f"AMD host: {'yes' if facts.amd else 'no'} ({inert(current.amdgpu_module_dir)})")
+    say("\n".join(_hal0_lines(read)))
     for fact, source in doc["hal0"]["sources"].items():
-        print(f"  {fact}: {source}")
+        say(f"  {inert(fact)}: {inert(source)}")
     if not facts.amd:
-        print("ROCm lane: not probed (not an AMD host)")
+        say("ROCm lane: not probed (not an AMD host)")
         return code
     user = doc["service_user"]
     if user is not None:
         groups = ",".join(str(g) for g in user["groups"])
-        print(
-            f"probed as: {user['name']} (uid {user['uid']}, gid {user['gid']}, "
+        say(
+            f"probed as: {inert(user['name'])} (uid {user['uid']}, gid {user['gid']}, "
             f"groups {groups or '-'})"
         )
-        print(f"  why this identity: {user['why'] or 'given'}")
-    print(f"ROCm lane: {facts.lane.value}: {facts.lane_reason}")
+        say(f"  why this identity: {inert(user['why'] or 'given')}")
+    say(f"ROCm lane: {facts.lane.value}: {inert(facts.lane_reason)}")
     for failure in doc["failures"]:
         errno = failure["errno"]
         errno_text = f" errno {errno}" if errno is not None else ""
-        print(f"  {failure['path']}: {failure['kind']}{errno_text}: {failure['message']}")
+        where, message = inert(failure["path"]), inert(failure["message"])
+        say(f"  {where}: {failure['kind']}{errno_text}: {message}")
     return code

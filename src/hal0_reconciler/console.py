@@ -1,17 +1,24 @@
-"""What the command line shows a person: one error prefix, colour only where it belongs, and
-JSON with ``null`` for nothing.
+"""What the command line shows a person: one error prefix, colour only where it belongs, text
+that cannot drive the terminal, and JSON with ``null`` for nothing.
 
 Colour is used only when the stream is a terminal and nobody asked otherwise: ``--no-color``,
 ``NO_COLOR`` set to anything non-empty (https://no-color.org) or ``TERM=dumb`` turn it off, and
 a file or a pipe never gets an escape code.
+
+Terminal output is inert: names, paths, images and messages come from files other users write,
+so every control character in human-readable text (C0 with ESC, DEL, C1, and the Unicode bidi
+overrides and isolates) is shown escaped, ``\\x1b`` / ``\\u202e`` style (:func:`inert`), and the
+only escape codes that reach a terminal are this module's own colours (:func:`say`). JSON stays
+exact: ``json.dumps`` escapes control characters itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 PROG = "hal0-reconciler"
 
@@ -37,6 +44,60 @@ def colour_enabled(stream: TextIO | None = None) -> bool:
         return False
 
 
+_NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+CONTROLS = frozenset(
+    (*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+)
+"""What is never written raw to a terminal: C0 (ESC included), DEL, C1, bidi overrides/isolates."""
+_ESCAPES = {c: _NAMED.get(c, f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in CONTROLS}
+_ESCAPES_BUT_NEWLINE = {c: e for c, e in _ESCAPES.items() if c != 0x0A}
+_OUR_CODES = re.compile("(\033\\[(?:0|" + "|".join(sorted(_STYLES.values())) + ")m)")
+
+
+def inert(value: object) -> str:
+    """``value`` as text that cannot drive a terminal: each control character (newline and tab
+    too: one value stays on one line) becomes its escape, ``\\x1b``, ``\\n``, ``\\u202e``."""
+    return str(value).translate(_ESCAPES)
+
+
+def inert_lines(text: str) -> str:
+    """Like :func:`inert` for a whole report: its newlines stay, every other control is escaped."""
+    return text.translate(_ESCAPES_BUT_NEWLINE)
+
+
+def say(text: str, stream: TextIO | None = None, *, painted: bool = False) -> None:
+    """Write a report's ``text`` and a newline, inert (:func:`inert_lines`). ``painted``: the
+    text holds :func:`paint`'s colours, kept on a stream that takes colour (the values in it
+    must have gone through :func:`inert` already); any other escape code is shown escaped."""
+    out = stream if stream is not None else sys.stdout
+    if painted and colour_enabled(out):
+        pieces = _OUR_CODES.split(text)  # odd items: our own colour codes
+        text = "".join(p if i % 2 else inert_lines(p) for i, p in enumerate(pieces))
+    else:
+        text = inert_lines(text)
+    out.write(text + "\n")
+
+
+class InertWriter:
+    """A text stream's stand-in for a report printed line by line (``print(..., file=out)``):
+    each write is made inert (:func:`inert`, its newlines too), except the newline ``print``
+    ends it with, so one ``print`` is one line on the screen whatever its values hold."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(text if text == "\n" else inert(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    @classmethod
+    def over(cls, stream: TextIO) -> TextIO:
+        """``stream`` behind an inert writer, typed as the stream it stands in for."""
+        return cast("TextIO", cls(stream))
+
+
 def paint(text: str, style: str, stream: TextIO | None = None) -> str:
     """``text`` in ``style`` when ``stream`` takes colour, else unchanged."""
     if not text or not colour_enabled(stream):
@@ -45,8 +106,9 @@ def paint(text: str, style: str, stream: TextIO | None = None) -> str:
 
 
 def error(message: str) -> None:
-    """The one error line every verb prints: ``hal0-reconciler: error: <message>``."""
-    sys.stderr.write(f"{PROG}: {paint('error', 'red', sys.stderr)}: {message}\n")
+    """The one error line every verb prints: ``hal0-reconciler: error: <message>`` (inert:
+    a message names paths and quotes what files say)."""
+    sys.stderr.write(f"{PROG}: {paint('error', 'red', sys.stderr)}: {inert(message)}\n")
 
 
 def nulls(value: Any) -> Any:

@@ -33,21 +33,24 @@ def once_counts(report: PassReport) -> dict[str, int]:
 
 
 def once_lines(report: PassReport) -> list[str]:
-    """What `once` did, for a person at a terminal: each change and problem, then counts."""
+    """What `once` did, for a person at a terminal: each change and problem, then counts.
+
+    Coloured (``console.say(..., painted=True)``): names, labels and messages are the slot
+    files' text, so each is made inert here."""
     counts = once_counts(report)
-    out = sys.stdout
+    out, inert = sys.stdout, console.inert
     lines = []
     for o in report.outcomes:
         v = o.verdict
-        label = f"{o.name} ({o.path.name})" if o.name else o.path.name
+        label = inert(f"{o.name} ({o.path.name})" if o.name else o.path.name)
         if o.status is OutcomeStatus.RELABELED and v is not None:
-            lines.append(
-                f"  {console.paint('relabelled', 'green', out)} {label}: {v.old} -> {v.new}"
-            )
+            change = f"{inert(v.old)} -> {inert(v.new)}"
+            lines.append(f"  {console.paint('relabelled', 'green', out)} {label}: {change}")
         elif o.status is OutcomeStatus.WRITE_FAILED:
-            lines.append(f"  {console.paint('not written', 'red', out)} {label}: {o.message}")
+            why = inert(o.message)
+            lines.append(f"  {console.paint('not written', 'red', out)} {label}: {why}")
         elif o.status in UNJUDGED:
-            why = o.message or (v.reason.value if v is not None else o.status.value)
+            why = inert(o.message or (v.reason.value if v is not None else o.status.value))
             lines.append(
                 f"  {console.paint('problem', 'yellow', out)} {label}: {o.status.value}: {why}"
             )
@@ -114,14 +117,17 @@ def plan_slots(report: PassReport) -> list[dict[str, Any]]:
 
 
 def write_notes(report: PassReport) -> list[str]:
-    """A line for each pending write that would not be byte-minimal or would be refused."""
+    """A line for each pending write that would not be byte-minimal or would be refused (for
+    people: the file's name and the message are shown inert)."""
     notes = []
+    inert = console.inert
     for o in report.outcomes:
         if o.status is OutcomeStatus.PENDING and o.message is not None:
             lost = "the write would rewrite the whole file, losing its comments and layout"
-            notes.append(f"note: {o.path.name}: {lost} ({o.message})")
+            notes.append(f"note: {inert(o.path.name)}: {lost} ({inert(o.message)})")
         elif o.status is OutcomeStatus.WRITE_FAILED:
-            notes.append(f"note: {o.path.name}: the write would be refused ({o.message})")
+            refused = f"the write would be refused ({inert(o.message)})"
+            notes.append(f"note: {inert(o.path.name)}: {refused}")
     return notes
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.errors import SettingsError
 
 _T = TypeVar("_T")
@@ -176,13 +177,7 @@ def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -
     ``overrides`` (from the command line) win over the file; keys are field names.
     An explicitly given ``path`` must exist. Raises SettingsError naming the bad key.
     """
-    raw: dict[str, Any] = {}
-    if path is None:
-        candidate = default_config_path()
-        if candidate.is_file():
-            raw = _read_toml(candidate)
-    else:
-        raw = _read_toml(path)
+    raw = _read_toml(default_config_path(), missing_ok=True) if path is None else _read_toml(path)
     _merge(raw, overrides or {})
     built = _build(Settings, raw, where="")
     if built.settle_cap < built.settle_window:
@@ -231,18 +226,31 @@ def _unknown(name: str) -> SettingsError:
     return SettingsError(f"unknown setting {name!r}{hint}")
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+SETTINGS_MAX_BYTES = 1 << 20
+"""The cap on the settings file (the documented example is ~10 KB)."""
+
+
+def _read_toml(path: Path, *, missing_ok: bool = False) -> dict[str, Any]:
+    """The settings file's table: a regular file (a link to one is followed: the operator's),
+    never a FIFO or a device, at most ``SETTINGS_MAX_BYTES``; missing → {} when allowed."""
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise SettingsError(f"{path}: settings file not found") from None
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
+        data = read_bounded(
+            path, max_bytes=SETTINGS_MAX_BYTES, follow_links=True, missing_ok=missing_ok
+        )
+    except ReadRefused as exc:
+        if exc.reason.startswith("missing"):
+            raise SettingsError(f"{path}: settings file not found") from None
+        raise SettingsError(f"{path}: cannot read the settings file: {exc.reason}") from None
+    if data is None:
+        return {}
+    try:
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise SettingsError(f"{path}: the settings file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise SettingsError(f"{path}: not valid TOML: nested too deeply") from None
 
 
 def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:

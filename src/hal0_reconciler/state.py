@@ -13,9 +13,12 @@ from pathlib import Path
 
 from hal0_reconciler import fsio
 from hal0_reconciler._log import get_logger
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.model import SlotKey
 
 _log = get_logger("hal0_reconciler.state")
+MAX_BYTES = 8 << 20
+"""The cap on demotions.json read back (an entry is ~100 bytes: 80,000 slots fit)."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,17 @@ class DemotionLedger:
 
 def _read(path: Path) -> dict[SlotKey, Demotion]:
     try:
-        raw = json.loads(path.read_bytes())
+        data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
+        if data is None:
+            return {}
+        raw = json.loads(data)
         return {
             SlotKey(k): Demotion(str(v["slot"]), str(v["old"]), float(v["at"]))
             for k, v in raw.items()
         }
-    except FileNotFoundError:
+    except ReadRefused as exc:
+        _log.warning("state.unreadable", path=str(path), error=exc.reason)
         return {}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         _log.warning("state.unreadable", path=str(path), error=str(exc))
         return {}

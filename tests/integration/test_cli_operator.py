@@ -240,7 +240,7 @@ VERBS = [["once"], ["plan"], ["probe"], ["run"], ["status"], ["aiter", "plan"]]
         (["--set", "slot_dir=/x"], "did you mean 'slots_dir'?"),
         (["--set", "aiter.heal=maybe"], "'aiter.heal' has a bad value 'maybe'"),
         (["--set", "aiter.heel=false"], "did you mean 'aiter.heal'?"),
-        (["--config", "/"], "/: cannot read the settings file: Is a directory"),
+        (["--config", "/"], "/: cannot read the settings file: a folder, not a regular file"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--log-format", "xml"], "invalid choice: 'xml'"),
     ],

@@ -184,7 +184,8 @@ def test_a_settings_file_that_is_a_folder_is_said_plainly(tmp_path: Path) -> Non
     """No '[Errno 21]' in the message."""
     with pytest.raises(SettingsError) as caught:
         settings.load(tmp_path)
-    assert f"{tmp_path}: cannot read the settings file: Is a directory" == str(caught.value)
+    expected = f"{tmp_path}: cannot read the settings file: a folder, not a regular file"
+    assert expected == str(caught.value)
 
 
 def test_nested_overrides_merge_into_the_file_table(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def add_parser(subparsers: Any, *, parents: Sequence[argparse.ArgumentParser] = 
 def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None) -> int:
     """Run one ``aiter`` sub-verb; returns the exit code."""
     out = out if out is not None else sys.stdout
+    shown = console.InertWriter.over(out)  # text for people: one print, one inert line
     try:
         settings = _effective(args, settings)
     except ValueError as exc:
@@ -63,7 +64,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         if args.aiter_verb == "explain":
             from hal0_reconciler.aiter import explain  # noqa: PLC0415 - only this verb uses it
 
-            return explain.without_tree(args.text, settings, out)
+            return explain.without_tree(args.text, settings, shown)
         console.error("no aiter tree configured ([[aiter.trees]] or --package-dir)")
         return EXIT_ERROR
     missing = [t.package_dir for t in settings.aiter.trees if not t.package_dir.is_dir()]
@@ -79,9 +80,9 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         except (heal.HealFailed, OSError, routing.RoutingError) as exc:
             console.error(str(exc))
             return EXIT_ERROR
-        print(f"restored quarantine {restored.id}: {', '.join(restored.modules)}", file=out)
+        print(f"restored quarantine {restored.id}: {', '.join(restored.modules)}", file=shown)
         if displaced is not None:
-            print(f"what stood in its place is in quarantine {displaced.id}", file=out)
+            print(f"what stood in its place is in quarantine {displaced.id}", file=shown)
         return EXIT_OK
     report = mon.check(heal=verb == "heal")
     if report.errors and not report.plans:
@@ -91,15 +92,15 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
     if verb == "explain":
         from hal0_reconciler.aiter import explain  # noqa: PLC0415 - only this verb uses it
 
-        return explain.with_tree(args.text, report, mon, out)
+        return explain.with_tree(args.text, report, mon, shown)
     unreadable = {s.name: s.error for s in mon.surveyor.last_slots if s.error is not None}
     if verb == "plan" and args.json:
         json.dump({**_jsonable(report), "slots_unreadable": unreadable}, out, indent=1)
         out.write("\n")
     else:
         for name, error in unreadable.items():
-            print(f"! slot {name} unreadable, its environment is not checked: {error}", file=out)
-        _print_report(report, out)
+            print(f"! slot {name} unreadable, its environment is not checked: {error}", file=shown)
+        _print_report(report, shown)
     if (
         report.errors
         or report.not_converging

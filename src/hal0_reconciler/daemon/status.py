@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler import fsio
+from hal0_reconciler import console, fsio
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
 SCHEMA = 1
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
+MAX_BYTES = 64 << 20
+"""The cap on status.json read back (a slot's entry is ~300 bytes: 200,000 slots fit)."""
 
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
@@ -100,13 +103,14 @@ def _aiter_lines(summary: dict[str, Any]) -> list[str]:
     """The aiter self-heal's part of the report (nothing when no tree is configured)."""
     if not summary:
         return []
+    inert = console.inert
     counts = sorted((summary.get("verdicts") or {}).items())
-    verdicts = ", ".join(f"{n} {v}" for v, n in counts) or "no modules"
+    verdicts = ", ".join(f"{inert(n)} {inert(v)}" for v, n in counts) or "no modules"
     state = "heal pending" if summary.get("heal_pending") else "nothing to heal"
-    lines = [f"  aiter:      {verdicts}; {state}; {summary.get('heals', 0)} healed"]
+    lines = [f"  aiter:      {verdicts}; {state}; {inert(summary.get('heals', 0))} healed"]
     stuck = summary.get("not_converging") or []
     if stuck:
-        lines.append(f"  aiter not converging: {', '.join(stuck)}")
+        lines.append(f"  aiter not converging: {', '.join(inert(m) for m in stuck)}")
     return lines
 
 
@@ -114,16 +118,17 @@ def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any
     """The daemon's state word, the report's first line, the exit code, and the snapshot."""
     path = status_path(settings)
     try:
-        snapshot = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
-    except OSError as exc:
-        return "unknown", f"status unknown ({path}: {exc.strerror})", EXIT_UNKNOWN, None
-    except ValueError:
+        data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
+        if data is None:
+            return "not-running", f"not running (no {path})", EXIT_NOT_RUNNING, None
+        snapshot = json.loads(data)
+    except ReadRefused as exc:  # a FIFO, a link, a giant: never blocked on, never followed
+        return "unknown", f"status unknown ({path}: {exc.reason})", EXIT_UNKNOWN, None
+    except (ValueError, RecursionError):
         return "unknown", f"status unknown ({path}: not JSON)", EXIT_UNKNOWN, None
     if not isinstance(snapshot, dict):
         return "unknown", f"status unknown ({path}: not an object)", EXIT_UNKNOWN, None
-    pid = snapshot.get("pid")
+    pid = console.inert(snapshot.get("pid"))  # for the report's words: the file's own text
     heartbeat = float(snapshot.get("heartbeat", HEARTBEAT))
     updated = snapshot.get("updated_at", 0)
     if not _alive(snapshot):
@@ -152,46 +157,51 @@ def report_json(settings: Settings, *, now: float | None = None) -> tuple[dict[s
 
 
 def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
-    """A short human report of the daemon's status file, and the exit code for ``status``."""
+    """A short human report of the daemon's status file, and the exit code for ``status``.
+
+    Slot names, reasons and problems are the slot files' and hal0's text: each is shown inert
+    (``console.inert``), so none can move the cursor, erase a row or start a new line."""
     now = time.time() if now is None else now
     _state, head, code, snapshot = _judge(settings, now)
     lines = [f"hal0-reconciler: {head}"]
     if snapshot is None:
         return lines[0], code
+    inert = console.inert
     last = snapshot.get("last_pass") or {}
     if last:
         lines.append(
-            f"  last pass:  {_ago(now, last.get('at'))}, {last.get('slots', 0)} slots, "
-            f"{last.get('duration', 0.0):.3f}s; {snapshot.get('passes', 0)} passes, "
-            f"{snapshot.get('relabels_total', 0)} relabelled since start"
+            f"  last pass:  {_ago(now, last.get('at'))}, {inert(last.get('slots', 0))} slots, "
+            f"{last.get('duration', 0.0):.3f}s; {inert(snapshot.get('passes', 0))} passes, "
+            f"{inert(snapshot.get('relabels_total', 0))} relabelled since start"
         )
     lane = snapshot.get("lane") or {}
     if lane.get("amd") is False:
         lines.append("  host:       not an AMD host (nothing is touched)")
     elif lane:
-        lines.append(f"  rocm lane:  {lane.get('state')} ({lane.get('reason')})")
-    lines.append(f"  watches:    {snapshot.get('watch_mode', '?')}")
+        lines.append(f"  rocm lane:  {inert(lane.get('state'))} ({inert(lane.get('reason'))})")
+    lines.append(f"  watches:    {inert(snapshot.get('watch_mode', '?'))}")
     lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
     for file_name, slot in sorted((snapshot.get("slots") or {}).items()):
-        name = f"{slot.get('name') or '-'} ({file_name})"
-        change = slot.get("device") or ""
-        reason = slot.get("reason") or slot.get("message") or ""
-        lines.append(f"    {name:<32} {slot.get('status', '?'):<12} {change:<11} {reason}".rstrip())
+        name = inert(f"{slot.get('name') or '-'} ({file_name})")
+        change = inert(slot.get("device") or "")
+        reason = inert(slot.get("reason") or slot.get("message") or "")
+        state = inert(slot.get("status", "?"))
+        lines.append(f"    {name:<32} {state:<12} {change:<11} {reason}".rstrip())
     pending = snapshot.get("pending_restarts") or {}
     if pending:
-        items = ", ".join(f"{n} in {round(s)}s" for n, s in sorted(pending.items()))
+        items = ", ".join(f"{inert(n)} in {round(s)}s" for n, s in sorted(pending.items()))
         lines.append(f"  restarts pending: {items}")
     hands_off = snapshot.get("hands_off") or []
     if hands_off:
-        lines.append(f"  hands off (fight): {', '.join(hands_off)}")
-    lines.extend(f"  problem: {p}" for p in snapshot.get("problems") or [])
+        lines.append(f"  hands off (fight): {', '.join(inert(n) for n in hands_off)}")
+    lines.extend(f"  problem: {inert(p)}" for p in snapshot.get("problems") or [])
     return "\n".join(lines), code
 
 
 def _snapshot(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        data = json.loads(read_bounded(path, max_bytes=MAX_BYTES) or b"")
+    except (ReadRefused, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

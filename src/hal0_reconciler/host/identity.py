@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.settings import Settings
 
 AUTO = "auto"
@@ -65,11 +66,11 @@ def _unit_files(folders: tuple[Path, ...]) -> list[Path]:
 
 def _service_user(path: Path) -> str | None:
     """The last ``User=`` of the ``[Service]`` section (systemd: the last assignment wins)."""
-    try:
-        with path.open("rb") as fh:
-            text = fh.read(_MAX_UNIT_BYTES).decode("utf-8", "replace")
-    except OSError:
+    try:  # root's unit folders: a link (systemctl link, a drop-in) is followed, a FIFO is not
+        data = read_bounded(path, max_bytes=_MAX_UNIT_BYTES, follow_links=True)
+    except ReadRefused:
         return None
+    text = (data or b"").decode("utf-8", "replace")
     section = ""
     user: str | None = None
     for raw in text.splitlines():

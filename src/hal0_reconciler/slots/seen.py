@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Callable, Collection
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 
 from hal0_reconciler import errors, fsio
 from hal0_reconciler._log import get_logger
+from hal0_reconciler.boundedread import ReadRefused, read_bounded
 from hal0_reconciler.model import SlotKey, Verdict
 from hal0_reconciler.slots import document
 from hal0_reconciler.slots.document import SlotDoc
@@ -295,12 +295,12 @@ def _boot_id() -> str:
 
 def _read_saved(path: Path, scope: str) -> dict[SlotKey, _Entry]:
     """The entries of a saved memory (raises on anything not exactly as ``save`` writes)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
-            return {}
-        raw = fh.read(MAX_FILE_BYTES + 1)
+    try:
+        raw = read_bounded(path, max_bytes=MAX_FILE_BYTES, missing_ok=True)
+    except ReadRefused:  # a link, a FIFO, over the cap: start empty
+        return {}
+    if raw is None:
+        return {}
     doc = json.loads(raw)
     if not isinstance(doc, dict) or (doc["format"], doc["scope"]) != (FORMAT, scope):
         return {}
