@@ -7,11 +7,18 @@ import datetime as dt
 import os
 from pathlib import Path, PurePath
 
-from hal0_reconciler.aiter import heal, manifest_digest, plan, routing
+from typing import TYPE_CHECKING
+
+from hal0_reconciler.aiter import heal, plan, routing
+
+if TYPE_CHECKING:
+    from hal0_reconciler.aiter import manifest_digest
 
 
 def book_for(state_dir: Path) -> manifest_digest.DigestBook:
     """The book the monitor of a tree whose ``state_dir`` this is uses."""
+    from hal0_reconciler.aiter import manifest_digest  # noqa: PLC0415 - absent in 0.1.0
+
     return manifest_digest.DigestBook(state_dir / "aiter")
 
 
