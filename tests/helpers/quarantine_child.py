@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import quarantines
-
 from hal0_reconciler.aiter import heal
+from helpers import quarantines
 
 
 def _barrier(kill_at: int) -> Callable[[], None]:
@@ -39,8 +38,8 @@ def arm(kill_at: int, state: Path) -> dict[str, Any]:
     """Install the barrier; returns the keyword arguments the heal functions take here."""
     arrive = _barrier(kill_at)
     try:
-        from hal0_reconciler.aiter import manifest_digest  # noqa: PLC0415
-        from hal0_reconciler.aiter import quarantine_fs as qfs  # noqa: PLC0415
+        from hal0_reconciler.aiter import manifest_digest
+        from hal0_reconciler.aiter import quarantine_fs as qfs
     except ImportError:  # 0.1.0: every module move is an os.rename of a path
         real = os.rename
 

@@ -3,11 +3,18 @@ a JIT folder with module files of known bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import importlib.util
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path, PurePath
-
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from hal0_reconciler.aiter import heal, plan, routing
 
@@ -17,7 +24,7 @@ if TYPE_CHECKING:
 
 def book_for(state_dir: Path) -> manifest_digest.DigestBook:
     """The book the monitor of a tree whose ``state_dir`` this is uses."""
-    from hal0_reconciler.aiter import manifest_digest  # noqa: PLC0415 - absent in 0.1.0
+    from hal0_reconciler.aiter import manifest_digest
 
     return manifest_digest.DigestBook(state_dir / "aiter")
 
@@ -69,3 +76,44 @@ def heal_modules(
     now = dt.datetime(2020, 1, day, tzinfo=dt.UTC)
     plans = {m: module_plan(jit, m) for m in modules}
     return heal.quarantine(jit, plans, book=book_for(state_dir), now=now)
+
+
+def aiter_support() -> ModuleType:
+    """``tests/aiter/aiter_support.py`` (trees with real tables, gcc-built modules) for suites
+    outside ``tests/aiter``; one module object whichever suite imported it first."""
+    if "aiter_support" in sys.modules:
+        return sys.modules["aiter_support"]
+    path = Path(__file__).resolve().parents[1] / "aiter" / "aiter_support.py"
+    spec = importlib.util.spec_from_file_location("aiter_support", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["aiter_support"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def heal_kwargs(state_dir: Path) -> dict[str, Any]:
+    """The keyword arguments this version's heal functions take (none before 0.2.0)."""
+    return {"book": book_for(state_dir)} if hasattr(heal, "recover") else {}
+
+
+def as_user(uid: int, gid: int, code: str) -> None:
+    """Run Python ``code`` as that user (starts as root, drops its credentials first)."""
+    drop = f"import json, os, shutil\nos.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
+    result = subprocess.run(
+        [sys.executable, "-c", drop + code], capture_output=True, timeout=60, check=False
+    )
+    assert 0 == result.returncode, result.stderr.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def reachable_dir() -> Iterator[Path]:
+    """A fresh 0755 folder under /tmp that another user can reach (pytest's tmp_path sits in a
+    0700 folder of root's); removed after."""
+    path = Path(tempfile.mkdtemp(prefix="hal0-q-"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

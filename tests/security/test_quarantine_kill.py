@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import quarantines
-from helpers.attacker import Attacker, Tally
 
 import hal0_reconciler
 from hal0_reconciler.aiter import heal
+from helpers import quarantines
+from helpers.attacker import Attacker, Tally
 
 TESTS = Path(__file__).resolve().parents[1]
 SRC = Path(hal0_reconciler.__file__).resolve().parents[1]  # the code under test, for the child
@@ -36,7 +36,7 @@ def _next_run(jit: Path, state: Path) -> None:
 
 def _killed_at(jit: Path, state: Path, verb: str, kill_at: int, arg: str) -> bool:
     """Run the verb in a child, SIGKILL it at rename ``kill_at``; False when it finished first."""
-    proc = subprocess.Popen(  # noqa: S603 - our own interpreter and helper
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
