@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiter_support import BPS_CK, BPS_CKTILE
+from structlog.testing import capture_logs
 
 from hal0_reconciler.aiter import heal, manifest_digest, monitor, plan
 from hal0_reconciler.aiter import quarantine_fs as qfs
@@ -295,4 +296,63 @@ def test_the_heal_memory_survives_a_round_trip_with_identities(tmp_path: Path) -
     assert ((1, 2, 3, 4), None) == (
         loaded["/jit/module_x.so"].identity,
         loaded["/jit/module_y.so"].identity,
+    )
+
+
+class _Killed(BaseException):
+    """Stops an operation where a SIGKILL would: nothing after it runs, no undo."""
+
+
+def test_a_heal_stopped_between_renames_is_rolled_forward_by_the_next_and_said(
+    stale_tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heal stopped after its first rename (the manifest complete): the next heal (the
+    daemon's first pass too) finishes it, logs that it rolled forward, and the module is whole
+    in the quarantine."""
+
+    def stop(n: int) -> None:
+        if n == 1:
+            raise _Killed
+
+    monkeypatch.setattr(qfs, "rename_hook", stop)
+    with pytest.raises(_Killed):
+        monitor.AiterMonitor(stale_tree.settings()).check(heal=True)
+    monkeypatch.setattr(qfs, "rename_hook", None)
+    with capture_logs() as logs:
+        monitor.AiterMonitor(stale_tree.settings()).check(heal=True)
+    events = [e["event"] for e in logs]
+    (qdir,) = heal.list_quarantines(stale_tree.jit)
+    whole = [(qdir / f"{BPS_CKTILE}.so").is_file(), (qdir / "build" / BPS_CKTILE).is_dir()]
+    assert (["aiter.interrupted_rolled_forward"], [True, True], False) == (
+        [e for e in events if e.startswith("aiter.interrupted")],
+        whole,
+        (stale_tree.jit / f"{BPS_CKTILE}.so").exists(),
+    )
+
+
+def test_a_heal_stopped_before_its_manifest_is_rolled_back_by_the_next_and_said(
+    stale_tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heal stopped after its journal, before its manifest: the next heal undoes it (nothing
+    had moved; its folder goes), says it rolled back, and then heals afresh."""
+    real = qfs.write_file
+
+    def stop(dir_fd: int, name: str, data: bytes, **kw: int) -> None:
+        if name == heal.MANIFEST:
+            raise _Killed
+        real(dir_fd, name, data, **kw)
+
+    monkeypatch.setattr(qfs, "write_file", stop)
+    with pytest.raises(_Killed):
+        monitor.AiterMonitor(stale_tree.settings()).check(heal=True)
+    monkeypatch.setattr(qfs, "write_file", real)
+    with capture_logs() as logs:
+        report = monitor.AiterMonitor(stale_tree.settings()).check(heal=True)
+    events = [e["event"] for e in logs]
+    after = [q.name for q in heal.list_quarantines(stale_tree.jit)]
+    assert ["aiter.interrupted_rolled_back"] == [e for e in events if e.startswith("aiter.interr")]
+    (qdir,) = heal.list_quarantines(stale_tree.jit)
+    assert ([report.heals[0].quarantine], True) == (
+        after,
+        (qdir / f"{BPS_CKTILE}.so").is_file(),
     )

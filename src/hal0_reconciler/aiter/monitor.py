@@ -68,6 +68,7 @@ class AiterMonitor:
         self.surveyor = survey.Surveyor(settings, cache_file=self.state_dir / "registry.json")
         self._memory_file = self.state_dir / "heal-memory.json"
         self.book = manifest_digest.DigestBook(self.state_dir)
+        self._refusals: set[tuple[str, str, str]] = set()  # said once, not once per pass
         self._last: set[_Fingerprint] = set()
         self._uncovered: set[str] = set()
 
@@ -156,7 +157,9 @@ class AiterMonitor:
         try:
             rolled = heal.recover(jit_dir, book=self.book)
         except (OSError, heal.HealFailed) as exc:
-            log.error("aiter.quarantine_roll_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
+            if (str(jit_dir), "", str(exc)) not in self._refusals:
+                self._refusals.add((str(jit_dir), "", str(exc)))
+                log.error("aiter.quarantine_roll_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
             return
         for r in rolled:
             fields = {"jit_dir": str(jit_dir), "quarantine": r.quarantine, "op": r.op}
@@ -166,7 +169,8 @@ class AiterMonitor:
                 log.warning("aiter.interrupted_rolled_back", **fields, detail=r.detail)
             elif r.outcome == "cleared":
                 log.info("aiter.interrupted_cleared", **fields, detail=r.detail)
-            else:
+            elif (str(jit_dir), r.quarantine, r.detail) not in self._refusals:
+                self._refusals.add((str(jit_dir), r.quarantine, r.detail))
                 log.error("aiter.interrupted_left_alone", **fields, reason=r.detail)
 
     def _load_memory(self) -> dict[str, plan.MemoryEntry]:
