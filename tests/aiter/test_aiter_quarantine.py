@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -356,3 +358,43 @@ def test_a_heal_stopped_before_its_manifest_is_rolled_back_by_the_next_and_said(
         after,
         (qdir / f"{BPS_CKTILE}.so").is_file(),
     )
+
+
+def test_one_operation_at_a_time_across_processes(tmp_path: Path) -> None:
+    """While another process holds the quarantine lock in root's state, a heal or restore waits
+    its bound, then fails saying so (nothing done)."""
+    book = quarantines.book_for(tmp_path)
+    with book.locked():
+        pass  # makes the lock file
+    lock = tmp_path / "aiter" / manifest_digest.LOCK_FILE
+    code = (
+        "import fcntl, sys, time\n"
+        f"f = open({str(lock)!r}, 'r+'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert b"held\n" == holder.stdout.readline()
+        with pytest.raises(heal.HealFailed, match="another heal or restore"), book.locked(wait=0.2):
+            pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with book.locked(wait=5):
+        pass
+
+
+def test_a_build_folder_a_restore_makes_belongs_to_the_tree_owner(tmp_path: Path) -> None:
+    """A restore into a JIT folder whose ``build`` folder is gone makes it owned by the JIT
+    folder's owner (aiter, running as that user, must still write its builds there)."""
+    jit = tmp_path / "jit"
+    quarantines.install(jit, "module_x", b"x")
+    q = quarantines.heal_modules(jit, tmp_path / "state", ["module_x"])
+    (jit / "build").rmdir()
+    os.chown(jit, 65534, 65534)
+    heal.restore(jit, q.id, book=quarantines.book_for(tmp_path / "state"))
+    st = (jit / "build").stat()
+    assert ((65534, 65534), b"x") == ((st.st_uid, st.st_gid), (jit / "module_x.so").read_bytes())

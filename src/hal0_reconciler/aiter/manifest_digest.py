@@ -11,26 +11,31 @@ root's and never inside a tree; the files are never read through a link.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import os
 import secrets
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 from hal0_reconciler import boundedread, fsio
-from hal0_reconciler.errors import ReconcilerError
+from hal0_reconciler.aiter.quarantine_fs import HealFailed
 
 KEY_FILE = "quarantine.key"
 BOOK_FILE = "quarantine-digests.json"
+LOCK_FILE = "quarantine.lock"
+LOCK_WAIT = 30.0
 _KEY_BYTES = 32
 _BOOK_MAX = 4 << 20
 _DOMAIN = b"hal0-reconciler quarantine v1"
 
 
-class DigestUnavailable(ReconcilerError):
+class DigestUnavailable(HealFailed):
     """The key or the digest file cannot be used (unsafe, unreadable): nothing can be verified."""
 
 
@@ -53,6 +58,30 @@ class DigestBook:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self._key: bytes | None = None
+
+    @contextlib.contextmanager
+    def locked(self, *, wait: float = LOCK_WAIT) -> Iterator[None]:
+        """One heal, restore, roll or prune at a time across the daemon and the CLI (a lock in
+        root's state, never in a tree another user can write). HealFailed after ``wait``."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.state_dir / LOCK_FILE, flags, 0o600)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise HealFailed(
+                            f"another heal or restore held {self.state_dir / LOCK_FILE} for "
+                            f"{wait:.0f} s; nothing was done"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
 
     def _load_key(self) -> bytes:
         if self._key is not None:

@@ -105,8 +105,12 @@ class AiterMonitor:
             self._last = {fp}
             return MonitorReport((), errors=(f"routing data: {exc}",))
         if heal:
-            for jit_dir in self._jit_dirs():
-                self._recover(jit_dir)
+            try:
+                with self.book.locked():
+                    for jit_dir in self._jit_dirs():
+                        self._recover(jit_dir)
+            except (OSError, manifest_digest.DigestUnavailable) as exc:
+                log.error("aiter.quarantine_roll_failed", error=str(exc))  # noqa: TRY400
         memory = self._load_memory()
         plans = self.surveyor.survey(rules, memory)
         heals: list[HealResult] = []
@@ -132,8 +136,9 @@ class AiterMonitor:
         if holder is None:
             known = sorted(q.name for j in jits for q in heal.list_quarantines(j))
             raise heal.HealFailed(f"no quarantine {qid!r} (known: {', '.join(known) or 'none'})")
-        self._recover(holder)
-        restored, displaced = heal.restore(holder, qid, book=self.book)
+        with self.book.locked():
+            self._recover(holder)
+            restored, displaced = heal.restore(holder, qid, book=self.book)
         log.warning(
             "aiter.quarantine_restored",
             quarantine=qid,
@@ -211,8 +216,9 @@ class AiterMonitor:
                 continue
             holders = heal.mapped_by(Path(m.so_path) for m in mods.values())
             try:
-                q = heal.quarantine(jit_dir, mods, book=self.book)
-            except heal.HealFailed as exc:
+                with self.book.locked():
+                    q = heal.quarantine(jit_dir, mods, book=self.book)
+            except (heal.HealFailed, OSError) as exc:
                 log.error(  # noqa: TRY400 - the one human line is in `error`
                     "aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names), error=str(exc)
                 )
@@ -252,7 +258,9 @@ class AiterMonitor:
 
     def _prune(self, jit_dir: Path) -> None:
         try:
-            pruned = heal.prune(jit_dir, keep=self.settings.aiter.keep_quarantines, book=self.book)
+            with self.book.locked():
+                keep = self.settings.aiter.keep_quarantines
+                pruned = heal.prune(jit_dir, keep=keep, book=self.book)
         except (OSError, heal.HealFailed) as exc:
             log.error("aiter.quarantine_prune_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
             return

@@ -117,8 +117,9 @@ class Tree:
         if sub is not None:
             base = self.place(place)
             if place == JIT:
-                if create:
-                    qfs.make_dir(base, sub, mode=0o755)
+                if create and qfs.make_dir(base, sub, mode=0o755):
+                    owner = os.fstat(base)  # the tree's folder: its owner's, as aiter made it
+                    os.chown(sub, owner.st_uid, owner.st_gid, dir_fd=base, follow_symlinks=False)
                 fd = qfs.open_dir(base, sub, label=self.label(place, sub))
             else:
                 fd = qfs.open_owned_dir(
