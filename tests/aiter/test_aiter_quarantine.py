@@ -398,3 +398,29 @@ def test_a_build_folder_a_restore_makes_belongs_to_the_tree_owner(tmp_path: Path
     heal.restore(jit, q.id, book=quarantines.book_for(tmp_path / "state"))
     st = (jit / "build").stat()
     assert ((65534, 65534), b"x") == ((st.st_uid, st.st_gid), (jit / "module_x.so").read_bytes())
+
+
+def test_a_journal_this_daemon_did_not_write_is_left_alone_and_said(
+    stale_tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heal stopped mid-way whose journal was then changed: the next heal neither finishes nor
+    undoes it (it moves nothing of that quarantine), and says so once."""
+
+    def stop(n: int) -> None:
+        if n == 1:
+            raise _Killed
+
+    monkeypatch.setattr(qfs, "rename_hook", stop)
+    with pytest.raises(_Killed):
+        monitor.AiterMonitor(stale_tree.settings()).check(heal=True)
+    monkeypatch.setattr(qfs, "rename_hook", None)
+    (qdir,) = heal.list_quarantines(stale_tree.jit)
+    journal = qdir / qj.JOURNAL
+    journal.write_bytes(journal.read_bytes() + b" ")
+    before = quarantines.snapshot(qdir)
+    mon = monitor.AiterMonitor(stale_tree.settings())
+    with capture_logs() as logs:
+        mon.check(heal=True)
+        mon.check(heal=True)
+    said = [e["event"] for e in logs if e["event"].startswith("aiter.interrupted")]
+    assert (["aiter.interrupted_left_alone"], before) == (said, quarantines.snapshot(qdir))

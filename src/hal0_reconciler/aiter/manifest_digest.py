@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hal0_reconciler import boundedread, fsio
-from hal0_reconciler.aiter.quarantine_fs import HealFailed
+from hal0_reconciler.aiter import quarantine_fs
 
 KEY_FILE = "quarantine.key"
 BOOK_FILE = "quarantine-digests.json"
@@ -35,7 +35,7 @@ _BOOK_MAX = 4 << 20
 _DOMAIN = b"hal0-reconciler quarantine v1"
 
 
-class DigestUnavailable(HealFailed):
+class DigestUnavailable(quarantine_fs.HealFailed):
     """The key or the digest file cannot be used (unsafe, unreadable): nothing can be verified."""
 
 
@@ -74,7 +74,7 @@ class DigestBook:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise HealFailed(
+                        raise quarantine_fs.HealFailed(
                             f"another heal or restore held {self.state_dir / LOCK_FILE} for "
                             f"{wait:.0f} s; nothing was done"
                         ) from None

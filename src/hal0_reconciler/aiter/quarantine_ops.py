@@ -23,12 +23,12 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any, Self
 
+from hal0_reconciler import boundedread
 from hal0_reconciler.aiter import manifest_digest, plan
 from hal0_reconciler.aiter import quarantine_fs as qfs
 from hal0_reconciler.aiter import quarantine_journal as qj
-from hal0_reconciler.aiter.quarantine_fs import HealFailed
-from hal0_reconciler.boundedread import ReadRefused
 
+HealFailed = qfs.HealFailed
 QUARANTINE_DIR = ".hal0-quarantine"
 MANIFEST = "manifest.json"
 MANIFEST_MAX = 1 << 20
@@ -346,7 +346,7 @@ def recover_at(tree: Tree) -> list[Rolled]:
             direction = qj.Direction.FORWARD if complete else qj.Direction.BACK
             roll(tree, journal, direction)
             finish(tree, journal, direction)
-        except (OSError, HealFailed, qj.JournalInvalid, ReadRefused) as exc:
+        except (OSError, HealFailed, qj.JournalInvalid, boundedread.ReadRefused) as exc:
             done.append(Rolled(qid, op, "refused", f"left as it is: {exc}"))
             continue
         done.append(Rolled(qid, op, str(direction), f"{len(journal.steps)} move(s)"))
