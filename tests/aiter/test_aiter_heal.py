@@ -7,13 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, OPUS
 from structlog.testing import capture_logs
 
 from hal0_reconciler.aiter import heal, monitor, plan
+from hal0_reconciler.aiter import quarantine_fs as qfs
+from helpers import quarantines
 
 pytestmark = pytest.mark.usefixtures("no_processes")
 
@@ -97,21 +98,15 @@ def test_failed_move_rolls_everything_back(make_tree, built_modules, monkeypatch
         p.relative_to(tree.jit): p.read_bytes() if p.is_file() else None
         for p in tree.jit.rglob("*")
     }
-    real_rename, moves = os.rename, []
+    real_rename, moves = qfs.rename_noreplace, []
 
-    def flaky(src, dst):
-        # only module moves count: the manifest's own atomic write renames a temp file too
-        if str(src).endswith(".tmp"):
-            pass
-        elif heal.QUARANTINE_DIR in Path(dst).parts:
-            moves.append(("out", src))
-            if len(moves) == 2:
-                raise PermissionError(13, "Permission denied", str(dst))
-        elif heal.QUARANTINE_DIR in Path(src).parts:
-            moves.append(("back", dst))
-        real_rename(src, dst)
+    def flaky(src_fd, src, dst_fd, dst):
+        moves.append((os.readlink(f"/proc/self/fd/{src_fd}"), src))
+        if len(moves) == 2:
+            raise PermissionError(13, "Permission denied", dst)
+        real_rename(src_fd, src, dst_fd, dst)
 
-    monkeypatch.setattr(heal.os, "rename", flaky)
+    monkeypatch.setattr(qfs, "rename_noreplace", flaky)
     with capture_logs() as logs:
         report = monitor.AiterMonitor(tree.settings()).check(heal=True)
     after = {
@@ -123,7 +118,9 @@ def test_failed_move_rolls_everything_back(make_tree, built_modules, monkeypatch
     assert heal.list_quarantines(tree.jit) == []
     assert [e for e in _events(logs) if e.startswith("aiter.heal")] == ["aiter.heal_failed"]
     assert "undone" in report.heals[0].error
-    assert ["out", "out", "back"] == [kind for kind, _ in moves]  # two moves tried, one undone
+    qroot = str(tree.jit / heal.QUARANTINE_DIR)
+    out = [not where.startswith(qroot) for where, _ in moves]
+    assert [True, True, False] == out  # two moves tried, one undone
     assert moves[0][1] == moves[2][1]  # the one that moved is the one put back
 
 
@@ -185,11 +182,12 @@ def test_restore_puts_a_quarantine_back_and_holds_the_module(stale_tree, built_m
 
 def test_only_the_newest_quarantines_are_kept(stale_tree, built_modules):
     """keep_quarantines bounds the folder (oldest deleted first)."""
-    for i in range(4):
-        (stale_tree.jit / heal.QUARANTINE_DIR / f"2020010{i}T000000Z").mkdir(parents=True)
+    for day in range(1, 5):
+        quarantines.install(stale_tree.jit, f"module_old{day}", b"old")
+        quarantines.heal_modules(stale_tree.jit, stale_tree.state, [f"module_old{day}"], day=day)
     monitor.AiterMonitor(stale_tree.settings(keep_quarantines=2)).check(heal=True)
     names = [q.name for q in heal.list_quarantines(stale_tree.jit)]
-    assert names[:1] == ["20200103T000000Z"]
+    assert names[:1] == ["20200104T000000Z"]
     assert len(names) == 2
 
 
@@ -282,7 +280,7 @@ def test_quarantine_manifest_records_the_moves(stale_tree):
     qdir = stale_tree.jit / heal.QUARANTINE_DIR / report.heals[0].quarantine
     manifest = json.loads((qdir / heal.MANIFEST).read_text())
     assert list(manifest["modules"]) == [BPS_CKTILE]
-    assert len(manifest["moves"]) == 2
+    assert [f"{BPS_CKTILE}.so", f"build/{BPS_CKTILE}"] == manifest["entries"]
     assert isinstance(plan.Action.HEAL, str)
 
 
@@ -291,7 +289,8 @@ def test_restore_works_after_the_jit_folder_moved(stale_tree, built_modules):
     qid = monitor.AiterMonitor(stale_tree.settings()).check(heal=True).heals[0].quarantine
     moved = stale_tree.jit.with_name("jit-moved")
     stale_tree.jit.rename(moved)
-    heal.restore(moved, qid)
+    restored, _ = heal.restore(moved, qid, book=quarantines.book_for(stale_tree.state))
+    assert not restored.verified  # its digest names the old folder: restorable, never pruned
     assert (moved / f"{BPS_CKTILE}.so").read_bytes() == built_modules["stale_cktile"].read_bytes()
     assert (moved / "build" / BPS_CKTILE).is_dir()
     assert not (moved / heal.QUARANTINE_DIR / qid).exists()
@@ -303,7 +302,7 @@ def test_an_incomplete_quarantine_is_refused_and_kept(stale_tree):
     qdir = stale_tree.jit / heal.QUARANTINE_DIR / qid
     shutil.rmtree(qdir / "build")
     with pytest.raises(heal.HealFailed, match="incomplete"):
-        heal.restore(stale_tree.jit, qid)
+        heal.restore(stale_tree.jit, qid, book=quarantines.book_for(stale_tree.state))
     assert (qdir / f"{BPS_CKTILE}.so").is_file()
     assert (qdir / heal.MANIFEST).is_file()
     assert not (stale_tree.jit / f"{BPS_CKTILE}.so").exists()
@@ -314,8 +313,8 @@ def test_a_manifest_naming_a_file_outside_the_jit_folder_is_refused(stale_tree, 
     qid = monitor.AiterMonitor(stale_tree.settings()).check(heal=True).heals[0].quarantine
     manifest = stale_tree.jit / heal.QUARANTINE_DIR / qid / heal.MANIFEST
     doc = json.loads(manifest.read_text())
-    doc["moves"][0]["src"] = str(stale_tree.jit / ".." / "elsewhere.so")
+    doc["entries"][0] = "../elsewhere.so"
     manifest.write_text(json.dumps(doc))
     with pytest.raises(heal.HealFailed, match="unreadable manifest"):
-        heal.restore(stale_tree.jit, qid)
+        heal.restore(stale_tree.jit, qid, book=quarantines.book_for(stale_tree.state))
     assert not (stale_tree.jit.parent / "elsewhere.so").exists()

@@ -81,6 +81,12 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
             console.error(str(exc))
             return EXIT_ERROR
         print(f"restored quarantine {restored.id}: {', '.join(restored.modules)}", file=shown)
+        if not restored.verified:
+            print(
+                "  its manifest was not verified as this daemon's (from 0.1.0, or changed "
+                "since): only the module files it names were moved",
+                file=shown,
+            )
         if displaced is not None:
             print(f"what stood in its place is in quarantine {displaced.id}", file=shown)
         return EXIT_OK

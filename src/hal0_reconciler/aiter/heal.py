@@ -2,8 +2,10 @@
 
 Invalidating a module moves exactly ``<jit>/module_<name>.so`` and ``<jit>/build/module_<name>/``
 into ``<jit>/.hal0-quarantine/<UTC time>/`` (same filesystem, so every move is a rename), all or
-nothing: on any error the moves already made are undone. A manifest written before the first
-move lets ``restore`` put a quarantine back. Also here: finding builds in progress and the
+nothing. Each heal and restore journals its moves first and signs its manifest (a keyed digest
+in root's state); a kill is rolled forward or back by the next heal, restore or daemon start
+(``quarantine_ops``). Every file operation is relative to the JIT folder's fd and never follows
+a link. Also here: finding builds in progress and the
 processes that have a module mapped (psutil), and the heal memory of the convergence guard.
 """
 
@@ -14,21 +16,26 @@ import datetime as dt
 import json
 import os
 import re
-import shutil
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hal0_reconciler import fsio
-from hal0_reconciler.aiter import plan
+from hal0_reconciler import boundedread, fsio
+from hal0_reconciler.aiter import manifest_digest, plan, quarantine_prune
+from hal0_reconciler.aiter import quarantine_fs as qfs
+from hal0_reconciler.aiter import quarantine_journal as qj
+from hal0_reconciler.aiter import quarantine_ops as qops
 from hal0_reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
     import psutil
 
-QUARANTINE_DIR = ".hal0-quarantine"
-MANIFEST = "manifest.json"
+QUARANTINE_DIR = qops.QUARANTINE_DIR
+MANIFEST = qops.MANIFEST
+JIT = qops.JIT
+HealFailed = qfs.HealFailed
+Move = qops.Move
+Quarantine = qops.Quarantine
 COMPILERS = frozenset(
     {
         "hipcc",
@@ -54,10 +61,6 @@ COMPILERS = frozenset(
 _SLOT_CGROUP = re.compile(r"hal0-slot@([^/\s]+)\.service")
 
 
-class HealFailed(ReconcilerError):
-    """A quarantine or restore failed; every move it made was undone (the message says so)."""
-
-
 class ProcessScanUnavailable(ReconcilerError):
     """The process table cannot be read here, so no build in progress can be ruled out.
 
@@ -77,20 +80,6 @@ def _processes(attrs: list[str]) -> list[psutil.Process]:
             f"cannot list processes ({type(exc).__name__}: {exc}); is /proc restricted "
             "(ProcSubset=pid) for this service?"
         ) from None
-
-
-@dataclass(frozen=True)
-class Move:
-    src: Path
-    dst: Path
-
-
-@dataclass(frozen=True)
-class Quarantine:
-    id: str
-    path: Path
-    moves: tuple[Move, ...]
-    modules: tuple[str, ...]
 
 
 # --- builds in progress, processes holding modules ----------------------------------------------
@@ -149,194 +138,188 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-# --- quarantine and restore ----------------------------------------------------------------------
+# --- quarantine, restore, roll, prune (every file operation by fd, in quarantine_ops) ---------
+
+
+@contextlib.contextmanager
+def _tree(jit_dir: Path, book: manifest_digest.Book) -> Iterator[qops.Tree]:
+    fd = qfs.open_jit(jit_dir)
+    try:
+        with qops.Tree(fd, path=jit_dir, book=book) as tree:
+            yield tree
+    finally:
+        os.close(fd)
 
 
 def quarantine(
-    jit_dir: Path, modules: Mapping[str, plan.ModulePlan], *, now: dt.datetime | None = None
+    jit_dir: Path,
+    modules: Mapping[str, plan.ModulePlan],
+    *,
+    book: manifest_digest.Book,
+    now: dt.datetime | None = None,
 ) -> Quarantine:
     """Move each module's ``.so`` and ``build/<module>/`` (nothing else) into a new quarantine.
 
-    All or nothing: raises HealFailed after undoing every move when one fails.
-    """
-    pairs: list[Move] = []
-    qdir = _new_quarantine_dir(jit_dir, now)
+    All or nothing: raises HealFailed after undoing every move when one fails."""
+    with _tree(jit_dir, book) as tree:
+        return quarantine_at(tree, modules, now=now)
+
+
+def quarantine_at(
+    tree: qops.Tree, modules: Mapping[str, plan.ModulePlan], *, now: dt.datetime | None = None
+) -> Quarantine:
+    """``quarantine`` on an open tree: journal and manifest (signed) first, then the renames."""
+    bad = [m for m in modules if not qj.is_module_name(m)]
+    if bad:
+        raise HealFailed(f"not module names: {', '.join(map(repr, bad))}; nothing was moved")
+    try:
+        build: int | None = tree.place(JIT, "build")
+    except FileNotFoundError:
+        build = None
+    rels: list[str] = []
+    identities: dict[str, qops.Identity] = {}
     for module in sorted(modules):
-        for src, rel in (
-            (jit_dir / f"{module}.so", f"{module}.so"),
-            (jit_dir / "build" / module, f"build/{module}"),
-        ):
-            if src.exists() or src.is_symlink():
-                pairs.append(Move(src, qdir / rel))
-    manifest = {
-        "id": qdir.name,
-        "kind": "heal",
-        "created": _utc(now).isoformat(),
-        "jit_dir": str(jit_dir),
-        "moves": [{"src": str(m.src), "dst": str(m.dst)} for m in pairs],
-        "modules": {
-            name: {
-                "digest": mp.digest,
-                "missing": [m.name for m in mp.missing],
-                "reason": mp.reason,
-            }
-            for name, mp in sorted(modules.items())
-        },
-    }
-    return _execute(qdir, pairs, manifest, tuple(sorted(modules)))
+        st = qfs.lstat_at(tree.jit_fd, f"{module}.so")
+        if st is not None:
+            rels.append(f"{module}.so")
+            identities[module] = qfs.identity(st)
+        if build is not None and qfs.lstat_at(build, module) is not None:
+            rels.append(f"build/{module}")
+    qid = qops.new_quarantine(tree, now)
+    journal = qj.Journal(qj.Op.HEAL, qid, qid, (qid,), tuple(qj.Step(r, JIT, qid) for r in rels))
+    entries = {m: qops.plan_entry(mp) for m, mp in sorted(modules.items())}
+    try:
+        qops.write_signed(tree, qid, qj.JOURNAL, "journal", journal.encode())
+        doc = qops.manifest_doc(
+            qid, kind="heal", now=now, jit=tree.path, rels=rels, modules=entries
+        )
+        qops.write_signed(tree, qid, MANIFEST, "manifest", doc)
+    except (OSError, manifest_digest.DigestUnavailable) as exc:
+        raise qops.abandon(tree, qid, exc) from None
+    qops.run(tree, journal)
+    return Quarantine(
+        qid, _qpath(tree, qid), _moves(tree, journal), tuple(sorted(modules)), identities
+    )
 
 
 def restore(
-    jit_dir: Path, qid: str, *, now: dt.datetime | None = None
+    jit_dir: Path, qid: str, *, book: manifest_digest.Book, now: dt.datetime | None = None
 ) -> tuple[Quarantine, Quarantine | None]:
     """Put quarantine ``qid`` back. What now sits in its place is quarantined first (nothing lost).
 
     Returns (the restored quarantine, the quarantine of displaced files or None). Raises HealFailed.
     """
-    qdir = jit_dir / QUARANTINE_DIR / qid
-    if "/" in qid or qid in {"", ".", ".."} or not (qdir / MANIFEST).is_file():
-        known = ", ".join(q.name for q in list_quarantines(jit_dir)) or "none"
-        raise HealFailed(f"no quarantine {qid!r} in {jit_dir / QUARANTINE_DIR} (known: {known})")
+    with _tree(jit_dir, book) as tree:
+        return restore_at(tree, qid, now=now)
+
+
+def restore_at(
+    tree: qops.Tree, qid: str, *, now: dt.datetime | None = None
+) -> tuple[Quarantine, Quarantine | None]:
+    """``restore`` on an open tree. An unverified quarantine (0.1.0, or no valid digest) is
+    restorable too; in the tree owner's child it can then only move what that owner could."""
+
+    def unknown() -> HealFailed:
+        known = ", ".join(qops.ids(tree)) or "none"
+        return HealFailed(f"no quarantine {qid!r} in {tree.path / QUARANTINE_DIR} (known: {known})")
+
+    if not qfs.is_component(qid) or qid.startswith("."):
+        raise unknown()
     try:
-        manifest = json.loads((qdir / MANIFEST).read_text(encoding="utf-8"))
-        recorded_jit = Path(manifest["jit_dir"])
-        relatives = [_inside(Path(m["src"]), recorded_jit) for m in manifest["moves"]]
-        modules = tuple(manifest.get("modules", {}))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        tree.root()
+        data, verified = qops.read_signed(tree, qid, MANIFEST, "manifest")
+        pending = qfs.lstat_at(tree.place(qid), qj.JOURNAL) is not None
+    except FileNotFoundError:
+        raise unknown() from None
+    except boundedread.ReadRefused as exc:
+        raise HealFailed(f"quarantine {qid}: manifest refused: {exc}") from None
+    if data is None:
+        raise unknown()
+    if pending:
+        raise HealFailed(f"quarantine {qid} has an unfinished operation; nothing was moved")
+    try:
+        rels, modules = qops.parse_manifest(data)
+    except qj.JournalInvalid as exc:
         raise HealFailed(f"quarantine {qid}: unreadable manifest: {exc}") from None
-    # paths are taken relative to the quarantine and the JIT folder as they are now, so a JIT
-    # folder that moved still restores, and a manifest can never name a file outside them
-    moves = [Move(qdir / rel, jit_dir / rel) for rel in relatives]
-    missing = [str(m.src) for m in moves if not (m.src.exists() or m.src.is_symlink())]
+    missing = [tree.label(qid, r) for r in rels if not tree.present(qid, r)]
     if missing:
         raise HealFailed(
             f"quarantine {qid} is incomplete (missing: {', '.join(missing)}); nothing was moved"
         )
-    displaced: Quarantine | None = None
-    occupied = [m.dst for m in moves if m.dst.exists() or m.dst.is_symlink()]
-    if occupied:
-        ddir = _new_quarantine_dir(jit_dir, now)
-        pairs = [Move(p, ddir / p.relative_to(jit_dir)) for p in occupied]
-        displaced = _execute(
-            ddir,
-            pairs,
-            {
-                "id": ddir.name,
-                "kind": "displaced-by-restore",
-                "restored": qid,
-                "created": _utc(now).isoformat(),
-                "jit_dir": str(jit_dir),
-                "moves": [{"src": str(m.src), "dst": str(m.dst)} for m in pairs],
-                "modules": {m: {} for m in modules},
-            },
-            modules,
+    occupied = [r for r in rels if tree.present(JIT, r)]
+    did = qops.new_quarantine(tree, now) if occupied else None
+    steps = [qj.Step(r, JIT, did) for r in occupied if did is not None]
+    steps += [qj.Step(r, qid, JIT) for r in rels]
+    journal = qj.Journal(qj.Op.RESTORE, qid, did, (did,) if did else (), tuple(steps))
+    try:
+        qops.write_signed(tree, qid, qj.JOURNAL, "journal", journal.encode())
+        if did is not None:
+            doc = qops.manifest_doc(
+                did,
+                kind="displaced-by-restore",
+                now=now,
+                jit=tree.path,
+                rels=occupied,
+                modules={m: {} for m in modules},
+            )
+            qops.write_signed(tree, did, MANIFEST, "manifest", doc)
+    except (OSError, manifest_digest.DigestUnavailable) as exc:
+        qfs.unlink_if_present(tree.place(qid), qj.JOURNAL)
+        if did is None:
+            raise HealFailed(
+                f"cannot journal the restore of {qid}: {exc}; nothing was moved"
+            ) from None
+        raise qops.abandon(tree, did, exc) from None
+    qops.run(tree, journal)
+    moves = _moves(tree, journal)
+    displaced = None
+    if did is not None:
+        displaced = Quarantine(
+            did, _qpath(tree, did), tuple(m for m in moves if m.dst.parent.name == did), modules
         )
+    restored = tuple(m for m in moves if did is None or m.dst.parent.name != did)
+    return Quarantine(qid, _qpath(tree, qid), restored, modules, verified=verified), displaced
+
+
+def _qpath(tree: qops.Tree, qid: str) -> Path:
+    return tree.path / QUARANTINE_DIR / qid
+
+
+def _moves(tree: qops.Tree, journal: qj.Journal) -> tuple[Move, ...]:
+    def where(place: str, rel: str) -> Path:
+        return tree.path / rel if place == JIT else _qpath(tree, place) / rel
+
+    return tuple(Move(where(s.src, s.rel), where(s.dst, s.rel)) for s in journal.steps)
+
+
+def recover(jit_dir: Path, *, book: manifest_digest.Book) -> list[qops.Rolled]:
+    """Roll every operation a kill interrupted in this JIT folder forward or back (say which)."""
     try:
-        _move_all(moves)
-    except HealFailed:
-        if displaced is not None:
-            _move_all([Move(m.dst, m.src) for m in displaced.moves])
-            shutil.rmtree(displaced.path, ignore_errors=True)
-        raise
-    _remove_emptied(qdir)
-    return Quarantine(qid, qdir, tuple(moves), modules), displaced
-
-
-def _inside(path: Path, root: Path) -> Path:
-    """``path`` relative to ``root``; refuses anything that would leave it."""
-    rel = path.relative_to(root)  # ValueError when outside
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-        raise ValueError(f"{path} is not inside {root}")
-    return rel
-
-
-def _remove_emptied(qdir: Path) -> None:
-    """Remove a restored quarantine: its manifest and the folders left empty, nothing else."""
-    with contextlib.suppress(FileNotFoundError):
-        (qdir / MANIFEST).unlink()
-    for folder in sorted((p for p in qdir.rglob("*") if p.is_dir()), reverse=True):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-    with contextlib.suppress(OSError):
-        qdir.rmdir()
-
-
-def list_quarantines(jit_dir: Path) -> list[Path]:
-    """Quarantine folders, oldest first."""
-    root = jit_dir / QUARANTINE_DIR
-    try:
-        return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError:
+        with _tree(jit_dir, book) as tree:
+            return qops.recover_at(tree)
+    except FileNotFoundError:
         return []
 
 
-def prune(jit_dir: Path, *, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` quarantines; returns the ids deleted."""
-    old = list_quarantines(jit_dir)
-    doomed = old[: max(0, len(old) - max(keep, 0))]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return [p.name for p in doomed]
-
-
-def _execute(
-    qdir: Path, pairs: list[Move], manifest: dict[str, Any], modules: tuple[str, ...]
-) -> Quarantine:
+def list_quarantines(jit_dir: Path) -> list[Path]:
+    """Quarantine folders (real folders, never through a link), oldest first."""
     try:
-        qdir.mkdir(parents=True)  # never into a folder that exists (another heal's): not ours
-    except OSError as exc:
-        raise HealFailed(f"cannot create quarantine {qdir}: {exc}; nothing was moved") from None
+        fd = qfs.open_jit(jit_dir)
+    except (OSError, HealFailed):
+        return []
     try:
-        fsio.write_json(qdir / MANIFEST, manifest, indent=1)
-    except OSError as exc:
-        shutil.rmtree(qdir, ignore_errors=True)
-        raise HealFailed(f"cannot create quarantine {qdir}: {exc}; nothing was moved") from None
-    try:
-        _move_all(pairs)
-    except HealFailed:
-        shutil.rmtree(qdir, ignore_errors=True)
-        raise
-    return Quarantine(qdir.name, qdir, tuple(pairs), modules)
+        with qops.Tree(fd, path=jit_dir, book=manifest_digest.NO_BOOK) as tree:
+            return [_qpath(tree, q) for q in qops.ids(tree)]
+    except (OSError, HealFailed):
+        return []
+    finally:
+        os.close(fd)
 
 
-def _move_all(pairs: list[Move]) -> None:
-    done: list[Move] = []
-    for move in pairs:
-        try:
-            move.dst.parent.mkdir(parents=True, exist_ok=True)
-            if move.dst.exists() or move.dst.is_symlink():
-                raise FileExistsError(f"{move.dst} exists")
-            os.rename(move.src, move.dst)
-        except OSError as exc:
-            undo_errors = []
-            for prev in reversed(done):
-                try:
-                    os.rename(prev.dst, prev.src)
-                except OSError as undo_exc:
-                    undo_errors.append(f"{prev.dst} -> {prev.src}: {undo_exc}")
-            if undo_errors:
-                raise HealFailed(
-                    f"moving {move.src} failed ({exc}); undo FAILED for: {'; '.join(undo_errors)}"
-                ) from None
-            raise HealFailed(
-                f"moving {move.src} failed ({exc}); all {len(done)} earlier "
-                "move(s) undone, nothing changed"
-            ) from None
-        done.append(move)
-
-
-def _new_quarantine_dir(jit_dir: Path, now: dt.datetime | None) -> Path:
-    base = _utc(now).strftime("%Y%m%dT%H%M%SZ")
-    root = jit_dir / QUARANTINE_DIR
-    candidate, n = root / base, 1
-    while candidate.exists():
-        n += 1
-        candidate = root / f"{base}-{n}"
-    return candidate
-
-
-def _utc(now: dt.datetime | None) -> dt.datetime:
-    return now if now is not None else dt.datetime.now(dt.UTC)
+def prune(jit_dir: Path, *, keep: int, book: manifest_digest.Book) -> qops.Pruned:
+    """Delete all but the newest ``keep`` quarantines that can go (see ``prune_at``)."""
+    with _tree(jit_dir, book) as tree:
+        return quarantine_prune.prune_at(tree, keep=keep)
 
 
 # --- heal memory (the convergence guard's) ------------------------------------------------------
@@ -352,11 +335,13 @@ def load_memory(path: Path) -> dict[str, plan.MemoryEntry]:
     if isinstance(raw, dict):
         for key, e in raw.items():
             with contextlib.suppress(KeyError, TypeError, AttributeError):
+                ident = e.get("identity")
                 memory[str(key)] = plan.MemoryEntry(
                     str(e["digest"]),
                     frozenset(str(n) for n in e["missing"]),
                     str(e["kind"]),
                     str(e["quarantine"]),
+                    _identity(ident),
                 )
     return memory
 
@@ -371,8 +356,16 @@ def save_memory(path: Path, memory: Mapping[str, plan.MemoryEntry]) -> None:
                 "missing": sorted(e.missing),
                 "kind": e.kind,
                 "quarantine": e.quarantine,
+                "identity": list(e.identity) if e.identity is not None else None,
             }
             for k, e in sorted(memory.items())
         },
         indent=1,
     )
+
+
+def _identity(raw: object) -> tuple[int, int, int, int] | None:
+    """A recorded (device, inode, size, mtime_ns), or None (0.1.0 memory, or not four ints)."""
+    if isinstance(raw, list) and len(raw) == 4 and all(type(v) is int for v in raw):
+        return (raw[0], raw[1], raw[2], raw[3])
+    return None

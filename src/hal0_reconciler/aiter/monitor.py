@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import heal, plan, routing, survey
+from hal0_reconciler.aiter import heal, manifest_digest, plan, routing, survey
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger()
@@ -67,6 +67,8 @@ class AiterMonitor:
         self.state_dir = settings.state_dir / "aiter"
         self.surveyor = survey.Surveyor(settings, cache_file=self.state_dir / "registry.json")
         self._memory_file = self.state_dir / "heal-memory.json"
+        self.book = manifest_digest.DigestBook(self.state_dir)
+        self._refusals: set[tuple[str, str, str]] = set()  # said once, not once per pass
         self._last: set[_Fingerprint] = set()
         self._uncovered: set[str] = set()
 
@@ -102,6 +104,13 @@ class AiterMonitor:
                 log.error("aiter.routing_unreadable", error=str(exc))  # noqa: TRY400
             self._last = {fp}
             return MonitorReport((), errors=(f"routing data: {exc}",))
+        if heal:
+            try:
+                with self.book.locked():
+                    for jit_dir in self._jit_dirs():
+                        self._recover(jit_dir)
+            except (OSError, manifest_digest.DigestUnavailable) as exc:
+                log.error("aiter.quarantine_roll_failed", error=str(exc))  # noqa: TRY400
         memory = self._load_memory()
         plans = self.surveyor.survey(rules, memory)
         heals: list[HealResult] = []
@@ -127,13 +136,16 @@ class AiterMonitor:
         if holder is None:
             known = sorted(q.name for j in jits for q in heal.list_quarantines(j))
             raise heal.HealFailed(f"no quarantine {qid!r} (known: {', '.join(known) or 'none'})")
-        restored, displaced = heal.restore(holder, qid)
+        with self.book.locked():
+            self._recover(holder)
+            restored, displaced = heal.restore(holder, qid, book=self.book)
         log.warning(
             "aiter.quarantine_restored",
             quarantine=qid,
             jit_dir=str(holder),
             modules=list(restored.modules),
             displaced=displaced.id if displaced is not None else None,
+            verified=restored.verified,
         )
         memory = heal.load_memory(self._memory_file)
         for env_plan in self.surveyor.survey(self.routing(), memory):
@@ -144,6 +156,27 @@ class AiterMonitor:
                     )
         heal.save_memory(self._memory_file, memory)
         return restored, displaced
+
+    def _recover(self, jit_dir: Path) -> None:
+        """Roll each heal or restore a kill interrupted in ``jit_dir`` forward or back."""
+        try:
+            rolled = heal.recover(jit_dir, book=self.book)
+        except (OSError, heal.HealFailed) as exc:
+            if (str(jit_dir), "", str(exc)) not in self._refusals:
+                self._refusals.add((str(jit_dir), "", str(exc)))
+                log.error("aiter.quarantine_roll_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
+            return
+        for r in rolled:
+            fields = {"jit_dir": str(jit_dir), "quarantine": r.quarantine, "op": r.op}
+            if r.outcome == "forward":
+                log.warning("aiter.interrupted_rolled_forward", **fields, detail=r.detail)
+            elif r.outcome == "back":
+                log.warning("aiter.interrupted_rolled_back", **fields, detail=r.detail)
+            elif r.outcome == "cleared":
+                log.info("aiter.interrupted_cleared", **fields, detail=r.detail)
+            elif (str(jit_dir), r.quarantine, r.detail) not in self._refusals:
+                self._refusals.add((str(jit_dir), r.quarantine, r.detail))
+                log.error("aiter.interrupted_left_alone", **fields, reason=r.detail)
 
     def _load_memory(self) -> dict[str, plan.MemoryEntry]:
         return heal.load_memory(self._memory_file)
@@ -183,8 +216,9 @@ class AiterMonitor:
                 continue
             holders = heal.mapped_by(Path(m.so_path) for m in mods.values())
             try:
-                q = heal.quarantine(jit_dir, mods)
-            except heal.HealFailed as exc:
+                with self.book.locked():
+                    q = heal.quarantine(jit_dir, mods, book=self.book)
+            except (heal.HealFailed, OSError) as exc:
                 log.error(  # noqa: TRY400 - the one human line is in `error`
                     "aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names), error=str(exc)
                 )
@@ -192,7 +226,11 @@ class AiterMonitor:
                 continue
             for name, mp in sorted(mods.items()):
                 memory[str(mp.so_path)] = plan.MemoryEntry(
-                    mp.digest, frozenset(m.name for m in mp.missing), "healed", q.id
+                    mp.digest,
+                    frozenset(m.name for m in mp.missing),
+                    "healed",
+                    q.id,
+                    q.identities.get(name),
                 )
                 log.warning(
                     "aiter.module_quarantined",
@@ -207,9 +245,7 @@ class AiterMonitor:
                 heal.save_memory(self._memory_file, memory)
             except OSError as exc:
                 log.error("aiter.heal_memory_unwritable", error=str(exc))  # noqa: TRY400
-            pruned = heal.prune(jit_dir, keep=self.settings.aiter.keep_quarantines)
-            if pruned:
-                log.info("aiter.quarantine_pruned", jit_dir=str(jit_dir), quarantines=pruned)
+            self._prune(jit_dir)
             results.append(
                 HealResult(
                     jit_dir,
@@ -219,6 +255,21 @@ class AiterMonitor:
                 )
             )
         return results
+
+    def _prune(self, jit_dir: Path) -> None:
+        try:
+            with self.book.locked():
+                keep = self.settings.aiter.keep_quarantines
+                pruned = heal.prune(jit_dir, keep=keep, book=self.book)
+        except (OSError, heal.HealFailed) as exc:
+            log.error("aiter.quarantine_prune_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
+            return
+        if pruned.removed:
+            log.info(
+                "aiter.quarantine_pruned", jit_dir=str(jit_dir), quarantines=list(pruned.removed)
+            )
+        for qid, why in pruned.kept:
+            log.warning("aiter.quarantine_kept", jit_dir=str(jit_dir), quarantine=qid, reason=why)
 
     def _report(self, plans: list[plan.EnvPlan]) -> None:
         """Log each finding once, when it first appears."""

@@ -85,6 +85,7 @@ class ModuleFacts:
     exists: bool
     registered: Mapping[str, bool] = field(default_factory=dict)
     error: str | None = None
+    identity: tuple[int, int, int, int] | None = None  # (device, inode, size, mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class MemoryEntry:
     missing: frozenset[str]
     kind: str  # "healed" | "restored"
     quarantine: str
+    identity: tuple[int, int, int, int] | None = (
+        None  # the quarantined .so's (dev, ino, size, mtime)
+    )
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,13 @@ def decide(
             unbuildable=unbuildable,
         )
     names = frozenset(m.name for m in missing)
+    if (
+        memory is not None
+        and memory.kind == "healed"
+        and memory.identity is not None
+        and memory.identity == facts.identity
+    ):
+        memory = None  # the very file quarantined is back (a rename undone, e.g. a power cut)
     if memory is not None and memory.digest == digest and names <= memory.missing:
         if memory.kind == "restored":
             return verdict(

@@ -325,7 +325,12 @@ class Surveyor:
                 facts = (
                     plan.ModuleFacts(so, exists=False)
                     if scan is None
-                    else plan.ModuleFacts(so, exists=True, registered=scan.registered)
+                    else plan.ModuleFacts(
+                        so,
+                        exists=True,
+                        registered=scan.registered,
+                        identity=scan.identity[:4],
+                    )
                 )
             except OSError as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
