@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+import tablegen
 
 from hal0_reconciler.aiter import routing, tables
 from hal0_reconciler.aiter import rules as aiter_rules
@@ -17,7 +18,8 @@ from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.hosts import SHARED
 
 FIXTURE_CONFIGS = SHARED / "fixtures/aiter/e4048607/aiter/configs"
-DATA_CONFIGS = Path(__file__).parent / "data" / "configs"
+DATA_CONFIGS = tablegen.WRITTEN_CONFIGS
+"""Tables in aiter's format with rows of this project's own making (``tablegen``)."""
 GFX950 = tables.Target("gfx950", 256)
 GFX942 = tables.Target("gfx942", 80)
 BPS = "a8w8_blockscale_bpreshuffle_tuned_gemm"
@@ -49,10 +51,9 @@ def book() -> aiter_rules.RuleBook:
     return aiter_rules.parse_rules(text)
 
 
-AT_E4048607 = "2026-04-rerun"
-"""The rule set of the revision the fixture tables come from."""
-LATER = "2026-09-strip"
-OLDER = "2025-11-merge"
+AT_E4048607 = "v0.1.15-e4048607"
+"""The rule set of the revision the fixture tables come from (the newest verified)."""
+OLDER = "v0.1.7-v0.1.11"
 
 
 def ruleset(book: aiter_rules.RuleBook, name: str) -> aiter_rules.RuleSet:

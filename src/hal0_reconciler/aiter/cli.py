@@ -1,6 +1,6 @@
 """The ``aiter`` verbs: plan, heal, restore, explain. Exit codes: 0 nothing to do / done,
 2 a heal is pending (plan) or was refused because a build runs (heal), 1 error (including a
-module whose heal does not converge, and table rows no rebuild fixes)."""
+module whose heal does not converge, table rows no rebuild fixes, and a boot that dies)."""
 
 from __future__ import annotations
 
@@ -102,6 +102,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         _print_report(report, out)
     if (
         report.errors
+        or report.fatal_boots
         or report.not_converging
         or report.needs_operator
         or not all(p.checked for p in report.plans)
@@ -157,7 +158,7 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
             said.add(p.rules_note)
             print(f"  ! {p.rules_note}", file=out)
         for problem in p.problems:
-            print(f"  ! {problem}", file=out)
+            print(f"  {'!! BOOT DIES:' if problem in p.fatal else '!'} {problem}", file=out)
         for res in p.resolutions:
             for f in res.files:
                 if res.route.compiled:
@@ -225,6 +226,7 @@ def _jsonable(report: monitor.MonitorReport) -> dict[str, Any]:
     return {
         "heal_pending": report.heal_pending,
         "not_converging": report.not_converging,
+        "fatal_boots": list(report.fatal_boots),
         "plans": [conv(p) for p in report.plans],
         "heals": [conv(h) for h in report.heals],
         "errors": list(report.errors),

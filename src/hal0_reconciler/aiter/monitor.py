@@ -50,6 +50,11 @@ class MonitorReport:
         return any(m.action is plan.Action.OPERATOR for p in self.plans for m in p.modules)
 
     @property
+    def fatal_boots(self) -> tuple[str, ...]:
+        """Environments whose boot dies at a first lookup (``<environment>: <why>``)."""
+        return tuple(f"{p.environment}: {why}" for p in self.plans for why in p.fatal)
+
+    @property
     def retry_soon(self) -> bool:
         """A heal was refused because a build runs: check again after a while."""
         return any(h.refused for h in self.heals)
@@ -240,7 +245,10 @@ class AiterMonitor:
             if p.rules_note and new(("rules_note", p.tree, p.rules_note)):
                 log.warning("aiter.rules_guessed", tree=p.tree, note=p.rules_note)
             for problem in p.problems:
-                if new(("problem", p.tree, p.environment, problem)):
+                if problem in p.fatal:
+                    if new(("fatal", p.tree, p.environment, problem)):
+                        log.error("aiter.boot_fatal", **where, problem=problem)
+                elif new(("problem", p.tree, p.environment, problem)):
                     log.warning("aiter.config_problem", **where, problem=problem)
             for src in p.sources:
                 if src.error is not None and new(("table", str(src.file.path), src.error)):
