@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import shutil
 import subprocess
@@ -79,7 +80,8 @@ def names_for(configs: Path, rules: routing.Routing, target: tables.Target) -> d
 
 
 class SoBuilder:
-    """Builds real shared objects with gcc whose string literals are the registered names."""
+    """Builds name-keyed modules with gcc: each registered kernel name a NUL-terminated string
+    literal, as the ``string_view -> function`` map of aiter's name-keyed generators leaves it."""
 
     def __init__(self, root: Path) -> None:
         if shutil.which("gcc") is None:
@@ -99,8 +101,91 @@ class SoBuilder:
             f"{lines}\n}};\n{pad}\n"
         )
         out = self.root / f"m{self.count}.so"
-        subprocess.run(["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True)
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True, timeout=600
+        )
         return out
+
+
+ShapeEntry = tuple[tuple[str, ...], str]
+"""One entry of a shape-keyed module's lookup: its key ((gfx,) cu_num, (B,) M, N, K) as text,
+and the kernel name the generator instantiates for it."""
+
+
+class ShapeModuleBuilder:
+    """Builds shape-keyed modules the way aiter's generators lay them out (a generated lookup
+    header of ``{{"gfx", cu, M, N, K}, kernel<Types>}`` entries in a static map, each kernel a
+    function template): the kernel names exist only inside mangled ``_Z...`` symbols, never as
+    a NUL-terminated string. Built with gcc's C++ driver; cached by content for the session."""
+
+    def __init__(self, root: Path) -> None:
+        if shutil.which("g++") is None:
+            pytest.skip("g++ (gcc's C++ driver) is not installed")
+        self.root = root
+        self._built: dict[str, Path] = {}
+
+    def build(self, entries: Iterable[ShapeEntry], *, flags: tuple[str, ...] = ("-O0",)) -> Path:
+        items = sorted(set(entries))
+        kernels = sorted({_identifier(name) for _, name in items}) or ["hal0_placeholder_kernel"]
+        width = max((len(key) for key, _ in items), default=5)
+        ints = width - 1
+        lines = [
+            "#include <string_view>",
+            "#include <unordered_map>",
+            "#include <functional>",
+            f"struct Key {{ std::string_view gfx; int v[{ints}]; }};",
+            "struct KeyHash { size_t operator()(const Key& k) const noexcept {",
+            "  size_t h = std::hash<std::string_view>{}(k.gfx);",
+            f"  for (int i = 0; i < {ints}; ++i) h ^= std::hash<int>{{}}(k.v[i]) + 0x9e3779b9 + (h << 6);",
+            "  return h; } };",
+            "struct KeyEq { bool operator()(const Key& a, const Key& b) const noexcept {",
+            f"  for (int i = 0; i < {ints}; ++i) if (a.v[i] != b.v[i]) return false;",
+            "  return a.gfx == b.gfx; } };",
+            "using Fn = int (*)(int);",
+            *(
+                f"template <typename T> int {k}(int m) {{ return m + {n} * (int)sizeof(T); }}"
+                for n, k in enumerate(kernels)
+            ),
+            "template <typename T> Fn dispatch(const Key& key) {",
+            "  static const auto lookup = [] { return std::unordered_map<Key, Fn, KeyHash, KeyEq>{",
+        ]
+        for key, name in items:
+            gfx, *rest = (*key, *("0",) * (width - len(key)))
+            values = ", ".join(str(int(float(v))) for v in rest)
+            lines.append(f'    {{{{"{gfx}", {{{values}}}}}, {_identifier(name)}<T>}},')
+        lines += [
+            "  }; }();",
+            "  auto it = lookup.find(key);",
+            "  return it == lookup.end() ? nullptr : it->second; }",
+            'extern "C" Fn hal0_lookup(const char* gfx, const int* v) { Key k{gfx, {}};',
+            f"  for (int i = 0; i < {ints}; ++i) k.v[i] = v[i];",
+            "  return dispatch<float>(k); }",
+        ]
+        source = "\n".join(lines) + "\n"
+        digest = hashlib.sha256((source + repr(flags)).encode()).hexdigest()[:16]
+        out = self._built.get(digest)
+        if out is None:
+            src = self.root / f"shape-{digest}.cpp"
+            src.write_text(source)
+            out = self.root / f"shape-{digest}.so"
+            subprocess.run(
+                ["g++", "-std=c++17", "-shared", "-fPIC", *flags, "-o", str(out), str(src)],
+                check=True,
+                timeout=600,
+            )
+            self._built[digest] = out
+        return out
+
+
+def _identifier(name: str) -> str:
+    """A kernel name as a C++ identifier (real names already are; others are made so)."""
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name.strip()) or "unnamed"
+    return text if not text[0].isdigit() else f"k_{text}"
+
+
+@pytest.fixture(scope="session")
+def shape_builder(tmp_path_factory: pytest.TempPathFactory) -> ShapeModuleBuilder:
+    return ShapeModuleBuilder(tmp_path_factory.mktemp("shape-so"))
 
 
 @pytest.fixture(scope="session")

@@ -93,7 +93,8 @@ def write_configs(configs: Path) -> Path:
       1-2): the default alone adds ck kernels 0 and 1;
     - an untuned overlay and the default's untuned sibling (header only, 5 bytes, ``M,N,K``);
     - bf16 tables with opus rows (ids) among asm, triton, flydsl and torch rows;
-    - the a8w8 batched table (gfx942:304, one cu-80 row).
+    - the a8w8 table (shape-keyed; q_dtype_w repeats) and the a8w8 batched table (gfx942:304,
+      one cu-80 row).
     """
     mc = configs / "model_configs"
     mc.mkdir(parents=True, exist_ok=True)
@@ -148,6 +149,8 @@ def write_configs(configs: Path) -> Path:
             ],
         )
     )
+    (configs / "a8w8_tuned_gemm.csv").write_text(table(A8W8_HEADER, a8w8_rows()))
+    (configs / "a8w8_untuned_gemm.csv").write_text(table("M,N,K,q_dtype_w", []))
     (configs / "a8w8_tuned_batched_gemm.csv").write_text(
         table(
             BATCHED_HEADER,
@@ -162,6 +165,19 @@ def write_configs(configs: Path) -> Path:
         )
     )
     return configs
+
+
+def a8w8_rows() -> list[str]:
+    """The a8w8 table: gfx950:256 shapes, two of them repeated with the other q_dtype_w (int8
+    and fp8, as aiter's shipped table does), one gfx942:80 row."""
+    rows = [
+        f"gfx950,256,{16 * (i + 1)},1280,8192,{dtype},{i},0,{20 + i},"
+        f"a8w8_rowwise_{64 + i % 3}x16x64x512_hal0_intrawave_v3,1.0,2.0,0.0"
+        for i in range(6)
+        for dtype in (("torch.int8", "torch.float8_e4m3fnuz") if i < 2 else ("torch.int8",))
+    ]
+    rows.append("gfx942,80,1,1280,8192,torch.int8,0,0,20,a8w8_rowwise_64x16x64x512_hal0_v3,1,2,0")
+    return rows
 
 
 def _session_configs() -> Path:

@@ -159,6 +159,8 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
             print(f"  ! {p.rules_note}", file=out)
         for problem in p.problems:
             print(f"  {'!! BOOT DIES:' if problem in p.fatal else '!'} {problem}", file=out)
+        for note in p.notes:
+            print(f"  ~ {note}", file=out)
         for res in p.resolutions:
             for f in res.files:
                 if res.route.compiled:

@@ -250,6 +250,9 @@ class AiterMonitor:
                         log.error("aiter.boot_fatal", **where, problem=problem)
                 elif new(("problem", p.tree, p.environment, problem)):
                     log.warning("aiter.config_problem", **where, problem=problem)
+            for note in p.notes:
+                if new(("note", p.tree, p.environment, note)):
+                    log.info("aiter.config_noted", **where, note=note)
             for src in p.sources:
                 if src.error is not None and new(("table", str(src.file.path), src.error)):
                     log.warning("aiter.table_unreadable", path=str(src.file.path), reason=src.error)

@@ -129,6 +129,7 @@ class EnvPlan:
     rules: str = ""  # the aiter version and rule set this plan followed
     rules_note: str | None = None  # why the rule set is a guess (said once per tree)
     fatal: tuple[str, ...] = ()  # the boot dies at a first lookup: the variable and why
+    notes: tuple[str, ...] = ()  # what aiter does as a matter of course (info, not a problem)
 
     @property
     def fatal_boot(self) -> bool:

@@ -191,6 +191,7 @@ class Surveyor:
             for route in rules_in.tables
         )
         problems = [*found.notes, *routing_problem, *(p for r in resolutions for p in r.problems)]
+        notes: list[str] = []
         checked = choice.error is None and bool(choice.targets)
         found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
@@ -208,8 +209,10 @@ class Surveyor:
             )
             duplicates: dict[str, list[plan.Broken]] = {}
             for res, (lost, in_dups) in zip(merged, merges, strict=True):
-                if res.merged:
-                    problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
+                if res.merged:  # resolved in memory: aiter's normal work, said as a note
+                    in_memory = ruleset.dedup_merge is not rules_mod.DedupMerge.REWRITE_AND_RERUN
+                    said = plan.merge_problem(res, lost, in_dups, ruleset)
+                    (notes if in_memory else problems).extend(said)
                 for module, rows in plan.duplicate_rows(res, lost).items():
                     duplicates.setdefault(module, []).extend(rows)
             for module, rows in duplicates.items():
@@ -247,6 +250,7 @@ class Surveyor:
             f"(chosen by {chosen.how}), routing {rules_in.version}",
             rules_note=chosen.note,
             fatal=tuple(r.fatal for r in resolutions if r.fatal),
+            notes=tuple(notes),
         )
 
     def _routing_for(
