@@ -16,6 +16,10 @@ from hal0_reconciler.settings import Settings
 log = _log.get_logger()
 
 _Fingerprint = tuple[str, ...]
+DEPRECATED_HEAL_SHAPE_KEYED = (
+    "heal_shape_keyed is deprecated and ignored: a shape-keyed module is never healed (whether "
+    "it compiled a shape cannot be read from the file); remove the setting"
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,12 @@ class AiterMonitor:
         self._memory_file = self.state_dir / "heal-memory.json"
         self._last: set[_Fingerprint] = set()
         self._uncovered: set[str] = set()
+        if settings.aiter.heal_shape_keyed and log_findings:
+            log.warning(
+                "aiter.setting_deprecated",
+                setting="heal_shape_keyed",
+                reason=DEPRECATED_HEAL_SHAPE_KEYED,
+            )
 
     def watch_paths(self) -> list[Path]:
         """Folders whose changes call for a re-plan (non-recursive; never ``build/``)."""
