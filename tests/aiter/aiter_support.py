@@ -113,14 +113,16 @@ and the kernel name the generator instantiates for it."""
 
 
 class ShapeModuleBuilder:
-    """Builds shape-keyed modules the way aiter's generators lay them out (a generated lookup
-    header of ``{{"gfx", cu, M, N, K}, kernel<Types>}`` entries in a static map, each kernel a
-    function template): the kernel names exist only inside mangled ``_Z...`` symbols, never as
-    a NUL-terminated string. Built with gcc's C++ driver; cached by content for the session."""
+    """Builds shape-keyed modules the way aiter's generators lay them out: a lookup table of
+    ``{"gfx", cu, (B,) M, N, K} -> kernel`` entries, constant-initialised (as aiter's POD
+    ``GemmLookupKey`` tables are since #3255), each kernel a template instance whose only trace
+    of its name is the mangled ``_Z<len><name>IfE...`` symbol, never a NUL-terminated string.
+    Written in C with the C++ symbol names given as asm labels (gcc compiles it in a blink; a
+    real table has hundreds of entries); cached by content for the session."""
 
     def __init__(self, root: Path) -> None:
-        if shutil.which("g++") is None:
-            pytest.skip("g++ (gcc's C++ driver) is not installed")
+        if shutil.which("gcc") is None:
+            pytest.skip("gcc is not installed")
         self.root = root
         self._built: dict[str, Path] = {}
 
@@ -130,46 +132,30 @@ class ShapeModuleBuilder:
         width = max((len(key) for key, _ in items), default=5)
         ints = width - 1
         lines = [
-            "#include <string_view>",
-            "#include <unordered_map>",
-            "#include <functional>",
-            f"struct Key {{ std::string_view gfx; int v[{ints}]; }};",
-            "struct KeyHash { size_t operator()(const Key& k) const noexcept {",
-            "  size_t h = std::hash<std::string_view>{}(k.gfx);",
-            f"  for (int i = 0; i < {ints}; ++i) h ^= std::hash<int>{{}}(k.v[i]) + 0x9e3779b9 + (h << 6);",
-            "  return h; } };",
-            "struct KeyEq { bool operator()(const Key& a, const Key& b) const noexcept {",
-            f"  for (int i = 0; i < {ints}; ++i) if (a.v[i] != b.v[i]) return false;",
-            "  return a.gfx == b.gfx; } };",
-            "using Fn = int (*)(int);",
-            *(
-                f"template <typename T> int {k}(int m) {{ return m + {n} * (int)sizeof(T); }}"
-                for n, k in enumerate(kernels)
-            ),
-            "template <typename T> Fn dispatch(const Key& key) {",
-            "  static const auto lookup = [] { return std::unordered_map<Key, Fn, KeyHash, KeyEq>{",
+            "typedef int (*fn)(int);",
+            f"struct entry {{ const char *gfx; unsigned long gfx_len; int v[{ints}]; fn kernel; }};",
         ]
+        index = {}
+        for n, k in enumerate(kernels):
+            index[k] = n
+            mangled = f"_Z{len(k)}{k}IfEii"
+            lines.append(f'int k{n}(int m) __asm__("{mangled}");')
+            lines.append(f"int k{n}(int m) {{ return m + {n}; }}")
+        lines.append(f"const struct entry hal0_lookup_table[{max(len(items), 1)}] = {{")
         for key, name in items:
             gfx, *rest = (*key, *("0",) * (width - len(key)))
             values = ", ".join(str(int(float(v))) for v in rest)
-            lines.append(f'    {{{{"{gfx}", {{{values}}}}}, {_identifier(name)}<T>}},')
-        lines += [
-            "  }; }();",
-            "  auto it = lookup.find(key);",
-            "  return it == lookup.end() ? nullptr : it->second; }",
-            'extern "C" Fn hal0_lookup(const char* gfx, const int* v) { Key k{gfx, {}};',
-            f"  for (int i = 0; i < {ints}; ++i) k.v[i] = v[i];",
-            "  return dispatch<float>(k); }",
-        ]
+            lines.append(f'  {{"{gfx}", {len(gfx)}, {{{values}}}, k{index[_identifier(name)]}}},')
+        lines.append("};")
         source = "\n".join(lines) + "\n"
         digest = hashlib.sha256((source + repr(flags)).encode()).hexdigest()[:16]
         out = self._built.get(digest)
         if out is None:
-            src = self.root / f"shape-{digest}.cpp"
+            src = self.root / f"shape-{digest}.c"
             src.write_text(source)
             out = self.root / f"shape-{digest}.so"
             subprocess.run(
-                ["g++", "-std=c++17", "-shared", "-fPIC", *flags, "-o", str(out), str(src)],
+                ["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)],
                 check=True,
                 timeout=600,
             )
