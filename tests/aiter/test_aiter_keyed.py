@@ -145,6 +145,9 @@ def test_a_shape_twice_in_a_pinned_file_is_fix_tables(make_tree, so_builder, rul
     assert [(pinned, len(lines) + 1)] == [(Path(b.table), b.line) for b in mod.broken]
     assert "index must be unique" in mod.broken[0].reason
     assert () == report.heals
+    pinned.write_text("".join([*lines, ck]))  # the very same row again: dropped by the lookup
+    same = monitor.AiterMonitor(tree.settings(env={VAR: str(pinned)})).check(heal=False)
+    assert () == _modules(same)[BPS_CK].broken
     pinned.write_text("".join(lines))
     again = monitor.AiterMonitor(tree.settings(env={VAR: str(pinned)})).check(heal=False)
     assert ("uncovered", "heal") == (

@@ -123,6 +123,7 @@ def parse_table(
     rows: list[KernelRow] = []
     broken: list[BrokenRow] = []
     shapes: list[Shape] = []
+    whole_rows: set[tuple[str, ...]] = set()
     ragged: list[int] = []
     data_rows = other = uncompiled = 0
     for line, fields in records[1:]:
@@ -142,13 +143,16 @@ def parse_table(
             "gfx": gfx if gfx_col is not None else None,
             "cu_num": int(cu) if cu_col is not None else None,
         }
-        if key_columns:
-            key = tuple(_norm(_field(fields, c)) for c in key_cols)
-            shapes.append(Shape(line, key, _us(fields, us_col)))
+        if key_columns and tuple(fields) not in whole_rows:
+            # an identical row is dropped by aiter's lookup (drop_duplicates()) before it
+            # needs unique shapes: only rows that differ can collide
+            whole_rows.add(tuple(fields))
+            shapes.append(
+                Shape(line, tuple(_norm(_field(fields, c)) for c in key_cols), _us(fields, us_col))
+            )
         libtype = _field(fields, lib_col) if lib_col is not None else None
         reader = _id_row if route.keyed is routing.Keyed.ID else _name_row
-        names = [_cell(fields, c) for c in name_cols]
-        found, bad = reader(route, libtype, names, line, where)
+        found, bad = reader(route, libtype, [_cell(fields, c) for c in name_cols], line, where)
         rows.extend(found)
         broken.extend(bad)
         if not (found or bad):
