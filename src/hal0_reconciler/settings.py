@@ -65,7 +65,7 @@ class AiterSettings:
 
     trees: tuple[AiterTree, ...] = ()
     heal: bool = True  # the daemon invalidates stale modules; False: report only
-    heal_shape_keyed: bool = False  # a shape-keyed miss is a silent slow fallback: warn only
+    heal_shape_keyed: bool = False  # deprecated in 0.2.0, ignored (warned about when set)
     keep_quarantines: int = 3
     routing_file: Path | None = None  # operator override of the shipped routing data
     kfd_topology_dir: Path = Path("/sys/class/kfd/kfd/topology/nodes")

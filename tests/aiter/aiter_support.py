@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+import tablegen
 
 from hal0_reconciler.aiter import routing, tables
 from hal0_reconciler.aiter import rules as aiter_rules
@@ -17,7 +19,8 @@ from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.hosts import SHARED
 
 FIXTURE_CONFIGS = SHARED / "fixtures/aiter/e4048607/aiter/configs"
-DATA_CONFIGS = Path(__file__).parent / "data" / "configs"
+DATA_CONFIGS = tablegen.WRITTEN_CONFIGS
+"""Tables in aiter's format with rows of this project's own making (``tablegen``)."""
 GFX950 = tables.Target("gfx950", 256)
 GFX942 = tables.Target("gfx942", 80)
 BPS = "a8w8_blockscale_bpreshuffle_tuned_gemm"
@@ -49,10 +52,9 @@ def book() -> aiter_rules.RuleBook:
     return aiter_rules.parse_rules(text)
 
 
-AT_E4048607 = "2026-04-rerun"
-"""The rule set of the revision the fixture tables come from."""
-LATER = "2026-09-strip"
-OLDER = "2025-11-merge"
+AT_E4048607 = "v0.1.15-e4048607"
+"""The rule set of the revision the fixture tables come from (the newest verified)."""
+OLDER = "v0.1.7-v0.1.11"
 
 
 def ruleset(book: aiter_rules.RuleBook, name: str) -> aiter_rules.RuleSet:
@@ -78,7 +80,8 @@ def names_for(configs: Path, rules: routing.Routing, target: tables.Target) -> d
 
 
 class SoBuilder:
-    """Builds real shared objects with gcc whose string literals are the registered names."""
+    """Builds name-keyed modules with gcc: each registered kernel name a NUL-terminated string
+    literal, as the ``string_view -> function`` map of aiter's name-keyed generators leaves it."""
 
     def __init__(self, root: Path) -> None:
         if shutil.which("gcc") is None:
@@ -98,8 +101,77 @@ class SoBuilder:
             f"{lines}\n}};\n{pad}\n"
         )
         out = self.root / f"m{self.count}.so"
-        subprocess.run(["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True)
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True, timeout=600
+        )
         return out
+
+
+ShapeEntry = tuple[tuple[str, ...], str]
+"""One entry of a shape-keyed module's lookup: its key ((gfx,) cu_num, (B,) M, N, K) as text,
+and the kernel name the generator instantiates for it."""
+
+
+class ShapeModuleBuilder:
+    """Builds shape-keyed modules the way aiter's generators lay them out: a lookup table of
+    ``{"gfx", cu, (B,) M, N, K} -> kernel`` entries, constant-initialised (as aiter's POD
+    ``GemmLookupKey`` tables are since #3255), each kernel a template instance whose only trace
+    of its name is the mangled ``_Z<len><name>IfE...`` symbol, never a NUL-terminated string.
+    Written in C with the C++ symbol names given as asm labels (gcc compiles it in a blink; a
+    real table has hundreds of entries); cached by content for the session."""
+
+    def __init__(self, root: Path) -> None:
+        if shutil.which("gcc") is None:
+            pytest.skip("gcc is not installed")
+        self.root = root
+        self._built: dict[str, Path] = {}
+
+    def build(self, entries: Iterable[ShapeEntry], *, flags: tuple[str, ...] = ("-O0",)) -> Path:
+        items = sorted(set(entries))
+        kernels = sorted({_identifier(name) for _, name in items}) or ["hal0_placeholder_kernel"]
+        width = max((len(key) for key, _ in items), default=5)
+        ints = width - 1
+        lines = [
+            "typedef int (*fn)(int);",
+            f"struct entry {{ const char *gfx; unsigned long gfx_len; int v[{ints}]; fn kernel; }};",
+        ]
+        index = {}
+        for n, k in enumerate(kernels):
+            index[k] = n
+            mangled = f"_Z{len(k)}{k}IfEii"
+            lines.append(f'int k{n}(int m) __asm__("{mangled}");')
+            lines.append(f"int k{n}(int m) {{ return m + {n}; }}")
+        lines.append(f"const struct entry hal0_lookup_table[{max(len(items), 1)}] = {{")
+        for key, name in items:
+            gfx, *rest = (*key, *("0",) * (width - len(key)))
+            values = ", ".join(str(int(float(v))) for v in rest)
+            lines.append(f'  {{"{gfx}", {len(gfx)}, {{{values}}}, k{index[_identifier(name)]}}},')
+        lines.append("};")
+        source = "\n".join(lines) + "\n"
+        digest = hashlib.sha256((source + repr(flags)).encode()).hexdigest()[:16]
+        out = self._built.get(digest)
+        if out is None:
+            src = self.root / f"shape-{digest}.c"
+            src.write_text(source)
+            out = self.root / f"shape-{digest}.so"
+            subprocess.run(
+                ["gcc", "-shared", "-fPIC", *flags, "-o", str(out), str(src)],
+                check=True,
+                timeout=600,
+            )
+            self._built[digest] = out
+        return out
+
+
+def _identifier(name: str) -> str:
+    """A kernel name as a C++ identifier (real names already are; others are made so)."""
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name.strip()) or "unnamed"
+    return text if not text[0].isdigit() else f"k_{text}"
+
+
+@pytest.fixture(scope="session")
+def shape_builder(tmp_path_factory: pytest.TempPathFactory) -> ShapeModuleBuilder:
+    return ShapeModuleBuilder(tmp_path_factory.mktemp("shape-so"))
 
 
 @pytest.fixture(scope="session")

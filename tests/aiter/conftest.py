@@ -7,5 +7,6 @@ from aiter_support import (  # noqa: F401
     no_processes,
     real_configs,
     rules,
+    shape_builder,
     so_builder,
 )

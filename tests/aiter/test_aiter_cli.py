@@ -252,14 +252,23 @@ def test_plan_says_the_aiter_version_and_rule_set(tree):
     """The plan names the installed aiter's version and the rule set it followed; an unknown
     version falls back to the newest rules, said once."""
     _, out = _run(tree, "plan")
-    assert "aiter version unknown, rules 2026-09-strip" in out
+    assert "aiter version unknown, rules v0.1.15-e4048607" in out
     assert 1 == out.count("using the newest known rules")
+    (tree.package / "_version.py").write_text("__version__ = '0.1.22'\n")
+    _, out = _run(tree, "plan")
+    assert "aiter 0.1.22, rules v0.1.15-e4048607" in out
+    assert 1 == out.count("using the newest known rules v0.1.15-e4048607")
     (tree.package / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
     _, out = _run(tree, "plan")
-    assert "aiter 0.1.21.dev46+ge4048607a5, rules 2026-04-rerun (chosen by version" in out
+    assert "aiter 0.1.21.dev46+ge4048607a5, rules v0.1.15-e4048607 (chosen by version" in out
+    assert "routing e4048607" in out
     assert "newest known" not in out
     doc = json.loads(_run(tree, "plan", "--json")[1])
-    assert doc["plans"][0]["rules"].startswith("aiter 0.1.21.dev46+ge4048607a5, rules 2026-04")
+    assert doc["plans"][0]["rules"].startswith("aiter 0.1.21.dev46+ge4048607a5, rules v0.1.15")
+    (tree.package / "_version.py").write_text("__version__ = '0.1.13'\n")
+    _, out = _run(tree, "plan")
+    assert "aiter 0.1.13, rules v0.1.13-v0.1.14 (chosen by version" in out
+    assert "routing v0.1.6-v0.1.14" in out
     assert doc["plans"][0]["rules_note"] is None
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path, PurePath
 
 import pytest
-from aiter_support import AT_E4048607, BPS, DATA_CONFIGS, LATER, OLDER, route_of, ruleset
+from aiter_support import AT_E4048607, BPS, DATA_CONFIGS, OLDER, route_of, ruleset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,7 +64,7 @@ def test_set_but_empty_variable_drops_the_default_and_loads_only_the_overlays(
     real_configs, rules, configs
 ):
     """`AITER_CONFIG_X=` is not unset: os.getenv(VAR, default) is "", so aiter drops the
-    shipped default and merges only the overlays (7 shipped, 3 committed); said as a problem."""
+    shipped default and merges only the overlays (7 shipped, 3 written); said as a problem."""
     where = real_configs if configs == "shipped" else DATA_CONFIGS
     unset = _resolve(rules, BPS, {}, where)
     empty = _resolve(rules, BPS, {VAR: ""}, where)
@@ -73,26 +74,28 @@ def test_set_but_empty_variable_drops_the_default_and_loads_only_the_overlays(
     assert "drops the shipped default" in empty.problems[0]
 
 
-def test_set_but_empty_without_overlays_loads_nothing(real_configs, rules):
-    """a8w8_tuned_gemm has no overlay: an empty value leaves aiter with the path ''."""
+def test_set_but_empty_without_overlays_is_a_boot_that_dies(real_configs, rules):
+    """a8w8_tuned_gemm has no overlay: an empty value leaves aiter with the path '', which
+    read_csv refuses at the first lookup: a fatal verdict naming the variable."""
     res = _resolve(rules, "a8w8_tuned_gemm", {"AITER_CONFIG_GEMM_A8W8": ""}, real_configs)
     assert ((), False) == (res.files, res.merged)
-    assert "loads no table" in res.problems[0]
+    assert res.fatal is not None
+    assert "AITER_CONFIG_GEMM_A8W8" in res.fatal
+    assert "boot dies" in res.fatal
 
 
 @pytest.mark.parametrize("configs", ["shipped", "committed"])
 def test_set_but_empty_fails_the_load_in_older_aiter(real_configs, rules, book, configs):
-    """aiter 0.1.7-0.1.11 merge '' with the overlays and read the first path ('') unchecked:
-    the load fails. Without overlays there is no merge: no table, as in later aiter."""
+    """aiter 0.1.7-0.1.11 read '' first (before the overlays, or alone): the boot dies."""
     where = real_configs if configs == "shipped" else DATA_CONFIGS
     older = ruleset(book, OLDER)
     res = _resolve(rules, BPS, {VAR: ""}, where, older)
     assert res.files == ()
-    assert "the load fails" in res.problems[0]
+    assert "boot dies" in (res.fatal or "")
     alone = _resolve(
         rules, "a8w8_tuned_batched_gemm", {"AITER_CONFIG_A8W8_BATCHED_GEMM": ""}, where, older
     )
-    assert (alone.files, "loads no table" in alone.problems[0]) == ((), True)
+    assert (alone.files, "boot dies" in (alone.fatal or "")) == ((), True)
 
 
 def test_a8w8_has_no_overlays(real_configs, rules):
@@ -124,60 +127,30 @@ def test_colon_joined_value_is_two_pinned_files(real_configs, rules, tmp_path):
     assert res.problems == ()
 
 
-@pytest.mark.parametrize("configs", ["shipped", "committed"])
-def test_whitespace_only_value_is_set_and_flagged_at_e4048607(real_configs, rules, configs):
-    """At e4048607 whitespace only counts as set (used verbatim, no real file): flagged."""
-    where = real_configs if configs == "shipped" else DATA_CONFIGS
-    res = _resolve(rules, BPS, {VAR: "  "}, where)
+@pytest.mark.parametrize("name", ["v0.1.6", OLDER, "v0.1.12", "v0.1.13-v0.1.14", AT_E4048607])
+@pytest.mark.parametrize("value", ["  ", " \t ", "\n"])
+def test_whitespace_only_value_is_a_boot_that_dies_in_every_aiter(rules, book, name, value):
+    """No aiter revision strips the value: whitespace only is a set path naming no file, and the
+    boot dies at the first lookup (read_csv(' ') raises): fatal, naming the variable."""
+    res = _resolve(rules, BPS, {VAR: value}, DATA_CONFIGS, ruleset(book, name))
     assert res.files == ()
-    assert len(res.problems) == 1
-    assert "whitespace only" in res.problems[0]
-    assert "verbatim" in res.problems[0]
+    assert res.fatal is not None
+    assert VAR in res.fatal
+    assert "whitespace only" in res.fatal
 
 
-@pytest.mark.parametrize("configs", ["shipped", "committed"])
-def test_whitespace_only_value_is_empty_in_later_aiter_and_still_flagged(
-    real_configs, rules, book, configs
-):
-    """Later aiter strips the value: whitespace only is empty (overlays only), and said."""
-    where = real_configs if configs == "shipped" else DATA_CONFIGS
-    later = ruleset(book, LATER)
-    spaced = _resolve(rules, BPS, {VAR: " \t "}, where, later)
-    empty = _resolve(rules, BPS, {VAR: ""}, where, later)
-    assert empty.files == spaced.files
-    assert spaced.files
-    assert all(f.origin is resolve.Origin.OVERLAY for f in spaced.files)
-    assert "whitespace only" in spaced.problems[0]
-    assert "strips it to empty" in spaced.problems[0]
-
-
-def test_later_aiter_strips_a_set_value_before_the_split(rules, book, tmp_path):
-    """' a.csv:b.csv ' is two files in later aiter; at e4048607 both ends keep their space."""
+def test_a_set_value_is_never_stripped_before_the_split(rules, tmp_path):
+    """' a.csv:b.csv ' keeps its outer spaces: ' a.csv' and 'b.csv\n' name no file."""
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     a.write_text("x\n")
     b.write_text("x\n")
-    value = f"  {a}:{b}\n"
-    later = _resolve(rules, BPS, {VAR: value}, DATA_CONFIGS, ruleset(book, LATER))
-    verbatim = _resolve(rules, BPS, {VAR: value}, DATA_CONFIGS)
-    assert [PurePath(a), PurePath(b)] == [f.path for f in later.loaded]
-    assert later.problems == ()
+    verbatim = _resolve(rules, BPS, {VAR: f"  {a}:{b}\n"}, DATA_CONFIGS)
     assert [] == [f.path for f in verbatim.loaded]
-    assert len(verbatim.problems) == 2
+    assert len(verbatim.problems) == 3  # two skipped, then none left: the boot dies
+    assert "names no file that exists" in (verbatim.fatal or "")
 
 
 _VALUE = st.text(alphabet=" \t\n:/abc.", max_size=16)
-
-
-@settings(max_examples=300, deadline=None)
-@given(value=_VALUE)
-def test_stripping_rule_equals_resolving_the_stripped_value(rules, book, value):
-    """Later aiter: any value resolves like its stripped self; whitespace-only is empty."""
-    later = ruleset(book, LATER)
-    got = _resolve(rules, BPS, {VAR: value}, DATA_CONFIGS, later)
-    want = _resolve(rules, BPS, {VAR: value.strip()}, DATA_CONFIGS, later)
-    assert want.files == got.files
-    if value and not value.strip():
-        assert "whitespace only" in got.problems[0]
 
 
 @settings(max_examples=300, deadline=None)
@@ -188,18 +161,71 @@ def test_verbatim_rule_splits_the_raw_value(rules, book, value):
     if value == "":
         assert all(f.origin is resolve.Origin.OVERLAY for f in res.files)
     elif not value.strip():
-        assert (res.files, "whitespace only" in res.problems[0]) == ((), True)
+        assert (res.files, "whitespace only" in (res.fatal or "")) == ((), True)
     else:
         assert [PurePath(p) for p in value.split(":")] == [f.path for f in res.files]
         assert res.merged == (":" in value)
+        assert res.fatal is not None  # none of these names a file
+
+
+@pytest.mark.parametrize(
+    ("name", "first_missing_dies"),
+    [("v0.1.6", True), (OLDER, True), ("v0.1.12", False), (AT_E4048607, False)],
+)
+def test_a_missing_first_path_in_a_list_dies_only_where_it_is_read_unchecked(
+    rules, book, tmp_path, name, first_missing_dies
+):
+    """v0.1.6-v0.1.11 read a ':'-list's first path unchecked (a missing one kills the boot);
+    from v0.1.12 missing paths are skipped; a missing later path is skipped everywhere."""
+    real = tmp_path / "real.csv"
+    real.write_text("x\n")
+    rule = ruleset(book, name)
+    first = _resolve(rules, BPS, {VAR: f"/nope.csv:{real}"}, DATA_CONFIGS, rule)
+    later = _resolve(rules, BPS, {VAR: f"{real}:/nope.csv"}, DATA_CONFIGS, rule)
+    assert (first_missing_dies, False) == (first.fatal is not None, later.fatal is not None)
+    assert [PurePath(real)] == [f.path for f in later.loaded]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("v0.1.6", set()),
+        (OLDER, {"x_BPS_y", "x_BPS_y.csv.bak", "x_BPS_y.csv"}),
+        ("v0.1.12", {"x_BPS_y", "x_BPS_y.csv.bak", "x_BPS_y.csv"}),
+        ("v0.1.13-v0.1.14", {"x_BPS_y.csv"}),
+        (AT_E4048607, {"x_BPS_y.csv"}),
+    ],
+)
+def test_overlays_follow_each_version_s_glob(rules, book, tmp_path, name, expected):
+    """Up to v0.1.12 `*<stem>*` (any file; "untuned" anywhere in the path drops it); from
+    v0.1.13 `*<stem>*.csv` ("untuned" in the name drops it); v0.1.6 merges no overlay."""
+    configs = tmp_path / "configs"
+    (configs / "model_configs").mkdir(parents=True)
+    for n in ("x_BPS_y", "x_BPS_y.csv.bak", "x_BPS_y.csv", "untuned_BPS.csv"):
+        (configs / "model_configs" / n.replace("BPS", BPS)).write_text("x\n")
+    res = _resolve(rules, BPS, {}, configs, ruleset(book, name))
+    got = {f.path.name.replace(BPS, "BPS") for f in res.files if f.origin is resolve.Origin.OVERLAY}
+    assert expected == got
+    under = tmp_path / "untuned-site" / "configs"
+    shutil.copytree(configs, under)
+    inside = _resolve(rules, BPS, {}, under, ruleset(book, name))
+    overlays = [f for f in inside.files if f.origin is resolve.Origin.OVERLAY]
+    # the older glob tests the whole path for "untuned": a site under such a folder has none
+    want = 0 if rule_overlays_any_path(ruleset(book, name)) else len(expected)
+    assert want == len(overlays)
+
+
+def rule_overlays_any_path(rule: aiter_rules.RuleSet) -> bool:
+    return rule.overlays is aiter_rules.Overlays.STEM_ANYWHERE
 
 
 def test_missing_pinned_files_are_flagged(real_configs, rules, tmp_path):
-    """One missing pinned path fails the load; among several, missing ones are skipped."""
+    """One missing pinned path kills the boot; among several, missing ones are skipped."""
     single = _resolve(
         rules, BPS, {"AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE": "/nope.csv"}, real_configs
     )
-    assert [p.split("(")[-1].split()[-1].rstrip(")") for p in single.problems] == ["fails"]
+    assert "'/nope.csv', which does not exist" in (single.fatal or "")
+    assert [single.fatal] == list(single.problems)
     real = tmp_path / "real.csv"
     real.write_text("x\n")
     several = _resolve(

@@ -6,7 +6,7 @@ import contextlib
 import os
 
 import pytest
-from aiter_support import AT_E4048607, LATER, OLDER
+from aiter_support import AT_E4048607, OLDER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,17 +29,23 @@ class AITER_CONFIG:
         config_env_file = os.getenv(env_name)
         return config_env_file
 """
-CORE_LATER = """
+CORE_V0_1_13 = """
 import os
 
 class AITER_CONFIG:
     def update_config_files(self, file_path, merge_name):
-        return merged_in_memory(file_path)
+        if duplicated:
+            raise RuntimeError("Auto-resolved and saved back to source config files. Please re-run.")
 
     def get_config_file(self, env_name, default_file, tuned_file_name):
-        config_env_file = (os.getenv(env_name) or "").strip()
-        return config_env_file
+        model_config_dir = Path(f"{AITER_ROOT_DIR}/aiter/configs/model_configs/")
+        found = [p for p in model_config_dir.glob(f"*{tuned_file_name}*.csv") if "untuned" not in p.name]
+        return found
 """
+CORE_V0_1_12 = CORE_E4048607.replace(
+    "return config_env_file",
+    'model_config_dir = Path("configs/model_configs")\n        return [p for p in model_config_dir.glob(f"*{tuned_file_name}*") if "untuned" not in str(p)]',
+)
 CORE_OLDER = """
 import os
 def update_config_files(file_path, merge_name):
@@ -51,25 +57,21 @@ CORE_UNKNOWN = """
 def update_config_files(file_path, merge_name):
     return merge_in_memory([p for p in file_path.split(":") if os.path.exists(p)])
 """
+NEWEST = "v0.1.15-e4048607"
 
 
 @pytest.mark.parametrize(
     ("text", "facts"),
     [
-        pytest.param(CORE_E4048607, (False, True, False), id="e4048607"),
-        pytest.param(CORE_LATER, (True, False, False), id="later"),
-        pytest.param(CORE_OLDER, (False, False, True), id="older"),
-        pytest.param(CORE_OLDER + "\ndef broken(:\n", (False, False, True), id="text fallback"),
+        pytest.param(CORE_E4048607, (True, False, False, False), id="e4048607 excerpt, no glob"),
+        pytest.param(CORE_V0_1_13, (True, False, True, True), id="csv glob"),
+        pytest.param(CORE_V0_1_12, (True, False, False, True), id="any-file glob"),
+        pytest.param(CORE_OLDER, (False, True, False, False), id="older"),
         pytest.param(
-            CORE_LATER + "\ndef broken(:\n", (True, False, False), id="text fallback strip"
+            CORE_OLDER + "\ndef broken(:\n", (False, True, False, False), id="text fallback"
         ),
         pytest.param(
-            'v = (os.environ.get("AITER_X") or "").strip()\n',
-            (True, False, False),
-            id="environ.get",
-        ),
-        pytest.param(
-            'v = (os.getenv("X") or "x").strip()\n', (False, False, False), id="other default"
+            CORE_V0_1_13 + "\ndef broken(:\n", (True, False, True, True), id="text fallback glob"
         ),
     ],
 )
@@ -84,18 +86,30 @@ def test_code_facts_of_core_py(text, facts):
     [
         pytest.param("0.1.21.dev46+ge4048607a5", None, AT_E4048607, "version", id="scm e4048607"),
         pytest.param("0.1.99+ge4048607a5", None, AT_E4048607, "version", id="by revision"),
-        pytest.param("0.1.12", None, AT_E4048607, "version", id="0.1.12"),
+        pytest.param("0.1.12", None, "v0.1.12", "version", id="0.1.12"),
+        pytest.param("0.1.12.post2", None, "v0.1.12", "version", id="0.1.12.post2"),
+        pytest.param("0.1.13rc1", None, "v0.1.12", "version", id="rc before 0.1.13"),
+        pytest.param("0.1.13", None, "v0.1.13-v0.1.14", "version", id="0.1.13"),
+        pytest.param("0.1.14.post1", None, "v0.1.13-v0.1.14", "version", id="0.1.14.post1"),
+        pytest.param("0.1.15", None, AT_E4048607, "version", id="0.1.15"),
+        pytest.param("0.1.16.post6", None, AT_E4048607, "version", id="0.1.16.post6"),
         pytest.param("0.1.12rc1", None, OLDER, "version", id="rc before 0.1.12"),
         pytest.param("0.1.11.post1", None, OLDER, "version", id="0.1.11.post1"),
-        pytest.param("0.1.20.post1", CORE_E4048607, AT_E4048607, "version", id="agreeing"),
-        pytest.param("0.1.20", CORE_LATER, LATER, "core.py", id="code wins over version"),
-        pytest.param("0.1.22", CORE_LATER, LATER, "core.py", id="newer version, code"),
-        pytest.param("0.1.22", CORE_E4048607, AT_E4048607, "core.py", id="newer, old code"),
-        pytest.param(None, CORE_OLDER, OLDER, "core.py", id="no version, code"),
-        pytest.param("0.1.22", None, LATER, "newest", id="unknown version"),
-        pytest.param("0.1.22", CORE_UNKNOWN, LATER, "newest", id="unknown code"),
-        pytest.param(None, None, LATER, "newest", id="nothing known"),
-        pytest.param("banana", None, LATER, "newest", id="not a version"),
+        pytest.param("0.1.9", None, OLDER, "version", id="0.1.9"),
+        pytest.param("0.1.6.post3", None, "v0.1.6", "version", id="0.1.6.post3"),
+        pytest.param("0.1.20.post1", CORE_V0_1_13, AT_E4048607, "version", id="agreeing"),
+        pytest.param("0.1.20", CORE_OLDER, "v0.1.6", "core.py", id="code wins over version"),
+        pytest.param("0.1.22", CORE_V0_1_13, AT_E4048607, "core.py", id="newer, same code"),
+        pytest.param("0.1.22", CORE_V0_1_12, "v0.1.12", "core.py", id="newer, old code"),
+        pytest.param(None, CORE_OLDER, "v0.1.6", "core.py", id="no version, no overlays"),
+        pytest.param(
+            None, CORE_OLDER + "\n# model_configs\n", OLDER, "core.py", id="no version, code"
+        ),
+        pytest.param("0.1.22", None, NEWEST, "newest", id="unknown version"),
+        pytest.param("0.1.21.dev47", None, NEWEST, "newest", id="after e4048607"),
+        pytest.param("0.1.22", CORE_UNKNOWN, NEWEST, "newest", id="unknown code"),
+        pytest.param(None, None, NEWEST, "newest", id="nothing known"),
+        pytest.param("banana", None, NEWEST, "newest", id="not a version"),
     ],
 )
 def test_choose_the_rule_set(book, version, facts, chosen, how):
@@ -109,19 +123,56 @@ def test_choose_the_rule_set(book, version, facts, chosen, how):
     assert (choice.note is not None) == (how == "newest" or disagreeing)
 
 
-def test_shipped_rule_sets_differ_where_the_issue_says(book):
-    """e4048607: empty drops the default, whitespace verbatim, rewrite-and-rerun; later aiter
-    strips and merges in memory; 0.1.7-0.1.11 fail on an empty value."""
-    by = {s.name: s for s in book.sets}
+def test_shipped_rule_sets_follow_the_per_version_table(book):
+    """Overlays, `X=`, a `:`-list's missing first path, duplicates, keys and routing per
+    version, as executing each release's core.py showed; no rule set strips a value."""
     got = {
-        name: (str(s.empty_value), str(s.whitespace), str(s.dedup_merge)) for name, s in by.items()
+        s.name: (
+            str(s.overlays),
+            str(s.empty_value),
+            str(s.list_missing),
+            str(s.dedup_merge),
+            s.dedup_keys,
+            s.routing,
+        )
+        for s in book.sets
     }
     assert {
-        OLDER: ("fails", "verbatim", "in-memory-winner"),
-        AT_E4048607: ("drops-default", "verbatim", "rewrite-and-rerun"),
-        LATER: ("drops-default", "stripped", "in-memory-winner"),
+        "v0.1.6": ("none", "fails", "first-fails", "exact-only", (), "v0.1.6-v0.1.14"),
+        OLDER: (
+            "stem-anywhere",
+            "fails",
+            "first-fails",
+            "in-memory-winner",
+            ("cu_num",),
+            "v0.1.6-v0.1.14",
+        ),
+        "v0.1.12": (
+            "stem-anywhere",
+            "drops-default",
+            "skipped",
+            "rewrite-and-rerun",
+            ("cu_num", "_tag"),
+            "v0.1.6-v0.1.14",
+        ),
+        "v0.1.13-v0.1.14": (
+            "stem-csv",
+            "drops-default",
+            "skipped",
+            "rewrite-and-rerun",
+            ("cu_num", "gfx", "_tag"),
+            "v0.1.6-v0.1.14",
+        ),
+        AT_E4048607: (
+            "stem-csv",
+            "drops-default",
+            "skipped",
+            "rewrite-and-rerun",
+            ("cu_num", "gfx", "_tag"),
+            "e4048607",
+        ),
     } == got
-    assert book.newest.name == LATER
+    assert book.newest.name == AT_E4048607
 
 
 @pytest.mark.parametrize(
@@ -130,9 +181,14 @@ def test_shipped_rule_sets_differ_where_the_issue_says(book):
         (
             (
                 "newest = 'x'\n[rulesets.y]\nempty_value='drops-default'\n"
-                "whitespace='verbatim'\ndedup_merge='in-memory-winner'\n"
+                "overlays='stem-csv'\nlist_missing='skipped'\ndedup_merge='in-memory-winner'\n"
             ),
             "newest",
+        ),
+        ("newest='a'\n[rulesets.a]\nwhitespace='stripped'\n", "whitespace"),
+        (
+            "newest='a'\n[rulesets.a]\nempty_value='fails'\noverlays='nope'\n",
+            "overlays must be one of",
         ),
         ("newest='a'\n[rulesets.a]\nempty_value='nope'\n", "empty_value must be one of"),
         ("newest='a'\n[rulesets.a]\nversions=['~1']\n", "versions"),
@@ -254,11 +310,12 @@ def test_version_is_read_without_importing_aiter(tmp_path, files, version, sourc
 def test_core_py_is_read_as_text_and_a_fifo_is_never_opened(tmp_path):
     """core.py's facts come from its text; a FIFO in its place is noted, not read (no hang)."""
     pkg = _site(tmp_path)
-    (pkg / "jit" / "core.py").write_text(CORE_LATER)
+    (pkg / "jit" / "core.py").write_text(CORE_V0_1_13)
     assert {
-        "strips_config_value": True,
-        "rewrites_duplicates": False,
+        "rewrites_duplicates": True,
         "reads_first_path": False,
+        "overlay_csv_glob": True,
+        "merges_overlays": True,
     } == installed.read_installed(pkg).facts
     (pkg / "jit" / "core.py").unlink()
     os.mkfifo(pkg / "jit" / "core.py")
@@ -268,10 +325,10 @@ def test_core_py_is_read_as_text_and_a_fifo_is_never_opened(tmp_path):
 
 
 def test_installed_choice_for_an_e4048607_install(book, tmp_path):
-    """A package with e4048607's version file and core.py reads as the 2026-04 rules."""
+    """A package with e4048607's version file and core.py reads as its rules, with no note."""
     pkg = _site(tmp_path)
     (pkg / "_version.py").write_text("__version__ = '0.1.21.dev46+ge4048607a5'\n")
-    (pkg / "jit" / "core.py").write_text(CORE_E4048607)
+    (pkg / "jit" / "core.py").write_text(CORE_V0_1_13)
     choice, found = installed.choose(book, pkg)
     assert (AT_E4048607, None) == (choice.rules.name, choice.note)
     assert found.version == "0.1.21.dev46+ge4048607a5"
@@ -307,5 +364,5 @@ def test_any_core_py_text_gives_facts_and_never_raises(text):
 
 def test_deeply_nested_core_py_falls_back_to_text():
     """A core.py the parser refuses (nesting too deep) is read as text."""
-    text = "x = " + "(" * 5000 + ")" * 5000 + '\nv = (os.getenv("A") or "").strip()\n'
-    assert rules.code_facts(text)["strips_config_value"] is True
+    text = "x = " + "(" * 5000 + ")" * 5000 + '\nv = glob(f"*{tuned_file_name}*.csv")\n'
+    assert rules.code_facts(text)["overlay_csv_glob"] is True

@@ -102,7 +102,7 @@ def test_opus_rows_are_read_by_kernel_id_from_the_real_bf16_table(real_configs, 
         for n, row in enumerate(reader, 2)
         if row["libtype"] == "opus" and (row["gfx"], row["cu_num"]) == ("gfx950", "256")
     ]
-    assert len(expected) == 36
+    assert len(expected) == (36 if configs == "shipped" else 4)
     assert expected == [(r.name, r.line) for r in table.rows]
     assert {"module_deepgemm_opus"} == {r.module for r in table.rows}
     assert table.broken == ()
@@ -199,16 +199,12 @@ _NAME = st.text(alphabet=string.ascii_letters + string.digits + '_x",. ', min_si
 def test_generated_tables_round_trip_their_kernel_names(rules, rows):
     """Kernel names of well-formed CSVs (quoting included) come back for the target and libtypes kept."""
     text = csv_text(HEADER, [[t.gfx, str(t.cu_num), "1", lib, name] for name, lib, t in rows])
-    expected = [
-        name.strip()
-        for name, lib, t in rows
-        if t == GFX950 and lib in {"ck", "cktile"} and name.strip()
-    ]
+    kept = [name for name, lib, t in rows if t == GFX950 and lib in {"ck", "cktile"}]
     table = _parse(rules, text.encode())
-    assert expected == [r.name for r in table.rows]
-    assert sum(
-        1 for name, lib, t in rows if t == GFX950 and lib in {"ck", "cktile"} and not name.strip()
-    ) == len(table.broken)
+    assert [n for n in kept if n == n.strip() and n not in tables.NA_VALUES] == [
+        r.name for r in table.rows
+    ]  # exactly as pandas reads the cell: never stripped
+    assert sum(1 for n in kept if n != n.strip() or n in tables.NA_VALUES) == len(table.broken)
 
 
 _SHAPE = st.tuples(st.sampled_from(["1", "2", "3"]), st.sampled_from([1.0, 2.0, 3.0, float("inf")]))

@@ -139,7 +139,7 @@ def test_a_new_process_reads_no_table_and_decodes_no_row(world: Tree, tmp_path: 
     ck = next(m for m in report.plans[0].modules if m.module == BPS_CK)
     assert (3, 1) == (len(ck.missing), ck.merged_away), "the world is not what this test needs"
     assert all(m.refs for m in ck.missing)
-    assert any("duplicate-shape merge" in p for p in report.plans[0].problems)
+    assert any("share a shape across the merged files" in p for p in report.plans[0].problems)
 
 
 def test_the_rows_of_a_warm_check_are_read_when_looked_at(world: Tree, tmp_path: Path) -> None:

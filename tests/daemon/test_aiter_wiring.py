@@ -146,6 +146,43 @@ def test_a_slot_env_pinning_other_tables_is_checked_on_its_save(
     assert [["build", "manifest.json", f"{BPS_CK}.so"]] == _quarantined(tree)
 
 
+def test_a_slot_whose_boot_dies_makes_the_daemon_degraded_with_a_metric(
+    host: Host, notify_socket: Any, tree: aiter_support.Tree, tmp_path: Path
+) -> None:
+    """A slot saved with a whitespace-only AITER_CONFIG_* value (its boot dies at the first
+    lookup): the status says degraded with the slot's environment and the reason, the metrics
+    textfile counts one fatal boot, and nothing is quarantined."""
+    metrics_file = tmp_path / "metrics/hal0.prom"
+    settings = _with_aiter(host.settings(metrics_textfile=str(metrics_file)), tree)
+    with running(settings):
+        notify_socket.wait_for("READY=1")
+        wait_until(lambda: _aiter_status(settings).get("checks", 0) >= 1, what="first check")
+        tmp = host.slots / ".dies.toml.tmp"
+        tmp.write_text(
+            slot_text("dies")
+            + '\n[server]\nenv = { AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE = " " }\n'
+        )
+        tmp.rename(host.slots / "dies.toml")
+        wait_until(lambda: _aiter_status(settings).get("fatal_boots"), timeout=20, what="fatal")
+        wait_until(
+            lambda: "hal0_reconciler_aiter_fatal_boots 1" in metrics_file.read_text().splitlines(),
+            timeout=20,
+            what="the fatal boot in the metrics textfile",
+        )
+        wait_until(
+            lambda: (
+                json.loads(status.status_path(settings).read_text()).get("health") == "degraded"
+            ),
+            timeout=20,
+            what="degraded",
+        )
+        snapshot = json.loads(status.status_path(settings).read_text())
+    (fatal,) = snapshot["aiter"]["fatal_boots"]
+    assert fatal.startswith("slot:dies: AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE")
+    assert any("a boot dies" in p and "whitespace only" in p for p in snapshot["problems"])
+    assert [] == _quarantined(tree)
+
+
 class _ExplodingMonitor:
     """A monitor whose every check raises (a bug in it, or a tree it cannot cope with)."""
 

@@ -1,6 +1,6 @@
 """The ``aiter`` verbs: plan, heal, restore, explain. Exit codes: 0 nothing to do / done,
 2 a heal is pending (plan) or was refused because a build runs (heal), 1 error (including a
-module whose heal does not converge, and table rows no rebuild fixes)."""
+module whose heal does not converge, table rows no rebuild fixes, and a boot that dies)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         console.error(f"aiter package folder {folder} does not exist or is not a folder")
     if missing:
         return EXIT_ERROR
+    if settings.aiter.heal_shape_keyed:
+        sys.stderr.write(f"{console.PROG}: warning: {monitor.DEPRECATED_HEAL_SHAPE_KEYED}\n")
     mon = monitor.AiterMonitor(settings, log_findings=False)  # the report says them all
     verb = args.aiter_verb
     if verb == "restore":
@@ -109,6 +111,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         _print_report(report, shown)
     if (
         report.errors
+        or report.fatal_boots
         or report.not_converging
         or report.needs_operator
         or not all(p.checked for p in report.plans)
@@ -164,7 +167,9 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
             said.add(p.rules_note)
             print(f"  ! {p.rules_note}", file=out)
         for problem in p.problems:
-            print(f"  ! {problem}", file=out)
+            print(f"  {'!! BOOT DIES:' if problem in p.fatal else '!'} {problem}", file=out)
+        for note in p.notes:
+            print(f"  ~ {note}", file=out)
         for res in p.resolutions:
             for f in res.files:
                 if res.route.compiled:
@@ -232,6 +237,7 @@ def _jsonable(report: monitor.MonitorReport) -> dict[str, Any]:
     return {
         "heal_pending": report.heal_pending,
         "not_converging": report.not_converging,
+        "fatal_boots": list(report.fatal_boots),
         "plans": [conv(p) for p in report.plans],
         "heals": [conv(h) for h in report.heals],
         "errors": list(report.errors),

@@ -197,7 +197,7 @@ def _explain_module(
     if mod is None:
         return
     unbuildable = any(m.name == kernel for m in mod.unbuildable)
-    if mod.keyed is routing.Keyed.ID:
+    if mod.keyed is routing.Keyed.ID or mod.status is plan.Status.UNVERIFIABLE:
         print(f"  {mod.so_path}: {mod.reason}", file=out)
         reg = next((r for r in rules.registries if r.module == module), None)
         _sidecar_hint(reg, kernel, p, out)
@@ -215,7 +215,7 @@ def _explain_module(
     heal_says = {
         plan.Action.HEAL: f"heal would quarantine {mod.module}.so and build/{mod.module}/ "
         "so aiter rebuilds it from the current tables (restore puts them back)",
-        plan.Action.WARN: "shape-keyed: heal only warns (setting heal_shape_keyed)",
+        plan.Action.WARN: "heal leaves it alone (shape-keyed: not verifiable)",
         plan.Action.STUCK: f"heal will not act again: {mod.reason}",
         plan.Action.HELD: f"heal leaves it alone: {mod.reason}",
         plan.Action.OPERATOR: "heal leaves it alone: no rebuild fixes these rows "

@@ -16,6 +16,10 @@ from hal0_reconciler.settings import Settings
 log = _log.get_logger()
 
 _Fingerprint = tuple[str, ...]
+DEPRECATED_HEAL_SHAPE_KEYED = (
+    "heal_shape_keyed is deprecated and ignored: a shape-keyed module is never healed (whether "
+    "it compiled a shape cannot be read from the file); remove the setting"
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,11 @@ class MonitorReport:
         return any(m.action is plan.Action.OPERATOR for p in self.plans for m in p.modules)
 
     @property
+    def fatal_boots(self) -> tuple[str, ...]:
+        """Environments whose boot dies at a first lookup (``<environment>: <why>``)."""
+        return tuple(f"{p.environment}: {why}" for p in self.plans for why in p.fatal)
+
+    @property
     def retry_soon(self) -> bool:
         """A heal was refused because a build runs: check again after a while."""
         return any(h.refused for h in self.heals)
@@ -71,6 +80,12 @@ class AiterMonitor:
         self._refusals: set[tuple[str, str, str]] = set()  # said once, not once per pass
         self._last: set[_Fingerprint] = set()
         self._uncovered: set[str] = set()
+        if settings.aiter.heal_shape_keyed and log_findings:
+            log.warning(
+                "aiter.setting_deprecated",
+                setting="heal_shape_keyed",
+                reason=DEPRECATED_HEAL_SHAPE_KEYED,
+            )
 
     def watch_paths(self) -> list[Path]:
         """Folders whose changes call for a re-plan (non-recursive; never ``build/``)."""
@@ -291,8 +306,14 @@ class AiterMonitor:
             if p.rules_note and new(("rules_note", p.tree, p.rules_note)):
                 log.warning("aiter.rules_guessed", tree=p.tree, note=p.rules_note)
             for problem in p.problems:
-                if new(("problem", p.tree, p.environment, problem)):
+                if problem in p.fatal:
+                    if new(("fatal", p.tree, p.environment, problem)):
+                        log.error("aiter.boot_fatal", **where, problem=problem)
+                elif new(("problem", p.tree, p.environment, problem)):
                     log.warning("aiter.config_problem", **where, problem=problem)
+            for note in p.notes:
+                if new(("note", p.tree, p.environment, note)):
+                    log.info("aiter.config_noted", **where, note=note)
             for src in p.sources:
                 if src.error is not None and new(("table", str(src.file.path), src.error)):
                     log.warning("aiter.table_unreadable", path=str(src.file.path), reason=src.error)

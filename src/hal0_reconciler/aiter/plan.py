@@ -21,13 +21,13 @@ class Status(enum.StrEnum):
     NOT_BUILT = "not-built"  # no module_<name>.so: aiter builds it from the current tables
     UNCOVERED = "uncovered"
     UNREADABLE = "unreadable"  # the .so exists but could not be read
-    UNVERIFIABLE = "unverifiable"  # id-keyed (opus): the .so does not show what it registered
+    UNVERIFIABLE = "unverifiable"  # id- or shape-keyed: the .so does not show what it registered
 
 
 class Action(enum.StrEnum):
     NONE = "none"
     HEAL = "heal"  # invalidate: quarantine the .so and build/<module>/
-    WARN = "warn"  # shape-keyed miss: slow fallback, healing it is a setting
+    WARN = "warn"  # kept for old memory and status readers: no verdict asks for it any more
     STUCK = "not-converging"  # healed for these tables and target already; rebuilding cannot help
     HELD = "held"  # the operator restored this module; left alone until tables or target change
     OPERATOR = "fix-tables"  # no rebuild fixes it: a table row or the environment must change
@@ -132,6 +132,12 @@ class EnvPlan:
     checked: bool = True  # False: the target is unknown, so nothing was checked or healed
     rules: str = ""  # the aiter version and rule set this plan followed
     rules_note: str | None = None  # why the rule set is a guess (said once per tree)
+    fatal: tuple[str, ...] = ()  # the boot dies at a first lookup: the variable and why
+    notes: tuple[str, ...] = ()  # what aiter does as a matter of course (info, not a problem)
+
+    @property
+    def fatal_boot(self) -> bool:
+        return bool(self.fatal)
 
     @property
     def heal_pending(self) -> bool:
@@ -251,13 +257,14 @@ def decide(
     facts: ModuleFacts,
     digest: str,
     memory: MemoryEntry | None,
-    heal_shape_keyed: bool,
+    heal_shape_keyed: bool = False,  # deprecated and ignored: shape-keyed modules are never healed
 ) -> ModulePlan:
     """The verdict for one module and the action that follows from it.
 
     Only names a rebuild from the current tables can provide ever ask for a heal: never rows
     that lose the merge, rows looked up on a target the build does not compile, or broken rows.
     """
+    del heal_shape_keyed
     broken = tuple(needs.broken)
 
     def verdict(
@@ -267,8 +274,10 @@ def decide(
         missing: tuple[Missing, ...] = (),
         unbuildable: tuple[Missing, ...] = (),
     ) -> ModulePlan:
-        if action is Action.NONE and (broken or unbuildable):
-            action = Action.OPERATOR
+        if (action is Action.NONE and unbuildable) or (
+            broken and action in {Action.NONE, Action.HEAL, Action.WARN}
+        ):
+            action = Action.OPERATOR  # a rebuild fails on a broken row: the module would be lost
         if broken:
             reason += (
                 f"; {len(broken)} broken row(s) no rebuild fixes "
@@ -315,6 +324,16 @@ def decide(
         )
     if facts.error is not None:
         return verdict(Status.UNREADABLE, Action.NONE, f"cannot read the module: {facts.error}")
+    if keyed is routing.Keyed.SHAPE:
+        return verdict(
+            Status.UNVERIFIABLE,
+            Action.NONE,
+            f"shape-keyed: {len(needs.names) + len(needs.unbuildable)} kernel name(s) route "
+            "here, but the module holds a shape -> instance map whose keys are integers, with "
+            "names only inside mangled symbols; whether it compiled each shape cannot be read "
+            "from the file (not verifiable, never healed; a missing shape falls back silently "
+            "to a slower kernel)",
+        )
     missing = tuple(
         Missing(n, tuple(refs))
         for n, refs in sorted(needs.names.items())
@@ -362,31 +381,34 @@ def decide(
             missing,
             unbuildable,
         )
-    if keyed is routing.Keyed.NAME:
-        return verdict(
-            Status.UNCOVERED,
-            Action.HEAL,
-            f"{len(missing)} name-keyed kernel(s) missing: the server crashes at load "
-            "or graph capture",
-            missing,
-            unbuildable,
-        )
-    if heal_shape_keyed:
-        return verdict(
-            Status.UNCOVERED,
-            Action.HEAL,
-            f"{len(missing)} shape-keyed kernel(s) missing (heal_shape_keyed is on)",
-            missing,
-            unbuildable,
-        )
     return verdict(
         Status.UNCOVERED,
-        Action.WARN,
-        f"{len(missing)} shape-keyed kernel(s) missing: silent slow fallback "
-        "(healing it is the setting heal_shape_keyed)",
+        Action.HEAL,
+        f"{len(missing)} name-keyed kernel(s) missing: the server crashes at load or graph capture",
         missing,
         unbuildable,
     )
+
+
+def duplicate_rows(
+    res: resolve.Resolution, lost: Mapping[PurePath, frozenset[int]]
+) -> dict[str, list[Broken]]:
+    """module → rows of an unmerged file (one path, read as it is) that repeat another row's
+    shape: aiter's lookup raises 'index must be unique' on every boot; no rebuild fixes it."""
+    if res.merged or not lost:
+        return {}
+    out: dict[str, list[Broken]] = {}
+    for path, lines in sorted(lost.items()):
+        for line in sorted(lines):
+            for module in sorted(set(res.route.modules.values())):
+                out.setdefault(module, []).append(Broken(path, line, DUPLICATE_SHAPE))
+    return out
+
+
+DUPLICATE_SHAPE = (
+    "repeats the shape of another row in this file, which aiter loads unmerged: its lookup "
+    "raises 'index must be unique' on every boot; no rebuild fixes it (delete one of the rows)"
+)
 
 
 def heal_set(plans: Iterable[EnvPlan]) -> dict[PurePath, dict[str, ModulePlan]]:

@@ -29,17 +29,28 @@ class EmptyValue(enum.StrEnum):
     FAILS = "fails"  # the merge reads the path "" first: the load fails
 
 
-class Whitespace(enum.StrEnum):
-    VERBATIM = "verbatim"  # a whitespace-only value is a set value naming no file
-    STRIPPED = "stripped"  # stripped first: whitespace-only is empty
+class Overlays(enum.StrEnum):
+    """Which ``model_configs/`` files an unset variable merges in."""
+
+    NONE = "none"
+    STEM_ANYWHERE = "stem-anywhere"  # glob("*<stem>*"), "untuned" not in str(path)
+    STEM_CSV = "stem-csv"  # glob("*<stem>*.csv"), "untuned" not in path.name
+
+
+class ListMissing(enum.StrEnum):
+    """What a ``:``-list naming missing files does."""
+
+    FIRST_FAILS = "first-fails"  # read_csv(path_list[0]) unchecked; later ones skipped
+    SKIPPED = "skipped"  # every missing one skipped; none left: FileNotFoundError
 
 
 class DedupMerge(enum.StrEnum):
+    EXACT_ONLY = "exact-only"
     REWRITE_AND_RERUN = "rewrite-and-rerun"
     IN_MEMORY_WINNER = "in-memory-winner"
 
 
-MARKERS = ("strips_config_value", "rewrites_duplicates", "reads_first_path")
+MARKERS = ("rewrites_duplicates", "reads_first_path", "overlay_csv_glob", "merges_overlays")
 """The core.py facts a rule set may name (``code_facts`` finds each)."""
 
 
@@ -48,8 +59,11 @@ class RuleSet:
     name: str
     summary: str
     empty_value: EmptyValue
-    whitespace: Whitespace
     dedup_merge: DedupMerge
+    overlays: Overlays = Overlays.STEM_CSV
+    list_missing: ListMissing = ListMissing.SKIPPED
+    dedup_keys: tuple[str, ...] = ("cu_num", "gfx", "_tag")
+    routing: str = ""  # the version key in routing.toml; empty: the routing data's default
     versions: tuple[str, ...] = ()
     revisions: tuple[str, ...] = ()
     markers: Mapping[str, bool] = field(default_factory=dict)
@@ -116,8 +130,11 @@ def _ruleset(name: str, raw: Any) -> RuleSet:
         "revisions",
         "markers",
         "empty_value",
-        "whitespace",
+        "overlays",
+        "list_missing",
         "dedup_merge",
+        "dedup_keys",
+        "routing",
         "build_cu",
     }
     if unknown:
@@ -139,7 +156,8 @@ def _ruleset(name: str, raw: Any) -> RuleSet:
         raise RulesError(f"{where}.build_cu must map gfx names to CU counts")
     choices: dict[str, type[enum.StrEnum]] = {
         "empty_value": EmptyValue,
-        "whitespace": Whitespace,
+        "overlays": Overlays,
+        "list_missing": ListMissing,
         "dedup_merge": DedupMerge,
     }
     for key, kind in choices.items():
@@ -150,8 +168,11 @@ def _ruleset(name: str, raw: Any) -> RuleSet:
             name=name,
             summary=str(raw.get("summary", "")),
             empty_value=EmptyValue(raw["empty_value"]),
-            whitespace=Whitespace(raw["whitespace"]),
             dedup_merge=DedupMerge(raw["dedup_merge"]),
+            overlays=Overlays(raw["overlays"]),
+            list_missing=ListMissing(raw["list_missing"]),
+            dedup_keys=_strings(raw.get("dedup_keys", []), f"{where}.dedup_keys"),
+            routing=str(raw.get("routing", "")),
             versions=versions,
             revisions=_strings(raw.get("revisions", []), f"{where}.revisions"),
             markers=dict(markers),
@@ -244,23 +265,24 @@ def _padded(a: VersionKey, b: VersionKey) -> tuple[VersionKey, VersionKey]:
 
 # --- aiter/jit/core.py ---------------------------------------------------------------------------
 
-_STRIP_TEXT = re.compile(
-    r"\(\s*os\.(?:getenv|environ\.get)\([^()]*\)\s+or\s+(?:\"\"|'')\s*\)\.strip\(\)"
-)
 _RERUN_TEXT = re.compile(r"re-run", re.IGNORECASE)
 _FIRST_PATH_TEXT = re.compile(r"read_csv\(\s*path_list\[0\]\s*\)")
+_CSV_GLOB_TEXT = re.compile(r"glob\(\s*f[\"']\*\{tuned_file_name\}\*\.csv[\"']\s*\)")
 
 
 def code_facts(text: str) -> dict[str, bool]:
     """The ``MARKERS`` facts of core.py's source text (parsed with ``ast``; text as fallback)."""
+    csv_glob = _CSV_GLOB_TEXT.search(text) is not None
+    overlays = "model_configs" in text
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # hostile or newer syntax
         return {
-            "strips_config_value": _STRIP_TEXT.search(text) is not None,
             "rewrites_duplicates": "update_config_files" in text
             and _RERUN_TEXT.search(text) is not None,
             "reads_first_path": _FIRST_PATH_TEXT.search(text) is not None,
+            "overlay_csv_glob": csv_glob,
+            "merges_overlays": overlays,
         }
     merges = [
         n
@@ -268,9 +290,10 @@ def code_facts(text: str) -> dict[str, bool]:
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == "update_config_files"
     ]
     return {
-        "strips_config_value": any(_is_stripped_getenv(n) for n in ast.walk(tree)),
         "rewrites_duplicates": any(_raises_rerun(f) for f in merges),
         "reads_first_path": any(_reads_first_path(f) for f in merges),
+        "overlay_csv_glob": csv_glob,
+        "merges_overlays": overlays,
     }
 
 
@@ -284,26 +307,6 @@ def _reads_first_path(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         and isinstance(node.args[0].slice, ast.Constant)
         and node.args[0].slice.value == 0
         for node in ast.walk(func)
-    )
-
-
-def _is_stripped_getenv(node: ast.AST) -> bool:
-    """``(os.getenv(X) or "").strip()`` (also ``os.environ.get``)."""
-    if not (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "strip"
-        and isinstance(node.func.value, ast.BoolOp)
-        and isinstance(node.func.value.op, ast.Or)
-        and len(node.func.value.values) == 2
-    ):
-        return False
-    call, default = node.func.value.values
-    return (
-        isinstance(default, ast.Constant)
-        and default.value == ""
-        and isinstance(call, ast.Call)
-        and ast.unparse(call.func) in {"os.getenv", "os.environ.get", "getenv"}
     )
 
 

@@ -10,6 +10,7 @@ changed).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from hal0_reconciler.aiter import (
     tables,
     target,
 )
+from hal0_reconciler.aiter import rules as rules_mod
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store
@@ -108,7 +110,7 @@ class Surveyor:
         self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
-        self._routing_key = ""
+        self._routings: dict[str, routing.Routing | str] = {}  # by version key (str: error)
         self.last_slots: list[SlotEnv] = []
 
     @property
@@ -150,7 +152,6 @@ class Surveyor:
         self.sources.next_survey()
         plans: list[plan.EnvPlan] = []
         modules_seen: list[Path] = []
-        self._routing_key = hashlib.sha256(repr(rules).encode()).hexdigest()
         for tree in self.settings.aiter.trees:
             for environment in environments(tree, slots):
                 env_plan = self._plan_env(environment, rules, memory, modules_seen)
@@ -169,6 +170,8 @@ class Surveyor:
         label = tree_label(tree)
         chosen, found = self.installs.choose(tree.package_dir)
         ruleset = chosen.rules
+        rules_in, routing_problem = self._routing_for(tree, ruleset, rules_in)
+        routing_key = hashlib.sha256(repr(rules_in).encode()).hexdigest()
         choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
         jit = jit_dir_for(tree, env)
         configs = tree.package_dir / "configs"
@@ -187,12 +190,13 @@ class Surveyor:
             )
             for route in rules_in.tables
         )
-        problems = [*found.notes, *(p for r in resolutions for p in r.problems)]
+        problems = [*found.notes, *routing_problem, *(p for r in resolutions for p in r.problems)]
+        notes: list[str] = []
         checked = choice.error is None and bool(choice.targets)
         found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
-            reads, merged = self._reads(resolutions, rules_in, configs)
+            reads, merged = self._reads(resolutions, rules_in, configs, ruleset.dedup_keys)
             context = (
                 str(choice),
                 sorted(choice.lookup),
@@ -201,10 +205,21 @@ class Surveyor:
                 found.version,
             )
             found_sources, merges, needs = self.sources.derive(
-                reads, len(merged), choice, context, self._routing_key
+                reads, len(merged), choice, context, routing_key
             )
+            duplicates: dict[str, list[plan.Broken]] = {}
             for res, (lost, in_dups) in zip(merged, merges, strict=True):
-                problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
+                if res.merged:  # resolved in memory: aiter's normal work, said as a note
+                    in_memory = ruleset.dedup_merge is not rules_mod.DedupMerge.REWRITE_AND_RERUN
+                    said = plan.merge_problem(res, lost, in_dups, ruleset)
+                    (notes if in_memory else problems).extend(said)
+                for module, rows in plan.duplicate_rows(res, lost).items():
+                    duplicates.setdefault(module, []).extend(rows)
+            for module, rows in duplicates.items():
+                if module in needs:  # a copy: the derived cache's records stay as they were
+                    needs[module] = dataclasses.replace(
+                        needs[module], broken=[*needs[module].broken, *rows]
+                    )
             if choice.why_apart:
                 problems.append(
                     f"{choice.why_apart}: rows only looked up are never compiled and never "
@@ -232,15 +247,35 @@ class Surveyor:
             tuple(problems),
             checked=checked,
             rules=f"aiter {found.version or 'version unknown'}, rules {ruleset.name} "
-            f"(chosen by {chosen.how})",
+            f"(chosen by {chosen.how}), routing {rules_in.version}",
             rules_note=chosen.note,
+            fatal=tuple(r.fatal for r in resolutions if r.fatal),
+            notes=tuple(notes),
         )
+
+    def _routing_for(
+        self, tree: AiterTree, ruleset: rules_mod.RuleSet, given: routing.Routing
+    ) -> tuple[routing.Routing, list[str]]:
+        """The routing of the installed aiter's rule set (the tree's ``routing_version`` wins)."""
+        if tree.routing_version or not ruleset.routing or ruleset.routing == given.version:
+            return given, []
+        found = self._routings.get(ruleset.routing)
+        if found is None:
+            try:
+                found = routing.parse_routing(routing_text(self.settings), version=ruleset.routing)
+            except (OSError, routing.RoutingError) as exc:
+                found = str(exc)
+            self._routings[ruleset.routing] = found
+        if isinstance(found, str):
+            return given, [f"routing for rules {ruleset.name}: {found}; using {given.version}"]
+        return found, []
 
     def _reads(
         self,
         resolutions: tuple[resolve.Resolution, ...],
         rules_in: routing.Routing,
         configs: Path,
+        dedup_keys: tuple[str, ...] = ("cu_num", "gfx"),
     ) -> tuple[list[sources.Read], list[resolve.Resolution]]:
         """The table reads a plan needs, in plan order, and the resolutions aiter merges."""
         reads: list[sources.Read] = []
@@ -249,7 +284,8 @@ class Surveyor:
             feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
             if not (res.route.compiled or feeds):
                 continue
-            keys = self._merge_keys(configs, res.route.stem) if res.merged else ()
+            # merged files: aiter's duplicate merge; one file: its lookup needs unique shapes
+            keys = self._merge_keys(configs, res.route.stem, dedup_keys) if res.loaded else ()
             group = -1
             if keys:
                 group = len(merged)
@@ -269,13 +305,13 @@ class Surveyor:
             )
         return reads, merged
 
-    def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
-        """aiter's duplicate-merge keys: the untuned sibling's columns + cu_num + gfx; none
-        (no merge) when the untuned file is absent."""
+    def _merge_keys(self, configs: Path, stem: str, extra: tuple[str, ...]) -> tuple[str, ...]:
+        """aiter's duplicate-merge keys: the untuned sibling's columns + ``extra`` (the installed
+        aiter's); none (no merge) when the untuned file is absent."""
         path = configs / f"{'untuned'.join(stem.rsplit('tuned', 1))}.csv"
         ident = _identity(path)
         cached = self._untuned.get(path)
-        if cached is not None and cached[0] == ident:
+        if cached is not None and cached[0] == (ident, extra):
             return cached[1]
         keys: tuple[str, ...] = ()
         if ident is not None:
@@ -283,10 +319,10 @@ class Surveyor:
                 with path.open("rb") as fh:
                     head = fh.readline(65536).decode("utf-8-sig", errors="replace")
                 cols = [c.strip() for c in head.strip().split(",") if c.strip()]
-                keys = tuple(dict.fromkeys([*cols, "cu_num", "gfx"]))
+                keys = tuple(dict.fromkeys([*cols, *extra]))
             except OSError:
                 keys = ()
-        self._untuned[path] = (ident, keys)
+        self._untuned[path] = ((ident, extra), keys)
         return keys
 
     def _module_plans(
@@ -314,7 +350,6 @@ class Surveyor:
                         facts=plan.ModuleFacts(so, exists=so.exists()),
                         digest="",
                         memory=None,
-                        heal_shape_keyed=False,
                     )
                 )
                 continue
@@ -342,7 +377,6 @@ class Surveyor:
                     facts=facts,
                     digest=plan.module_digest(module, sources, str(choice)),
                     memory=memory.get(str(so)),
-                    heal_shape_keyed=self.settings.aiter.heal_shape_keyed,
                 )
             )
         return modules

@@ -123,6 +123,7 @@ def parse_table(
     rows: list[KernelRow] = []
     broken: list[BrokenRow] = []
     shapes: list[Shape] = []
+    whole_rows: set[tuple[str, ...]] = set()
     ragged: list[int] = []
     data_rows = other = uncompiled = 0
     for line, fields in records[1:]:
@@ -142,12 +143,16 @@ def parse_table(
             "gfx": gfx if gfx_col is not None else None,
             "cu_num": int(cu) if cu_col is not None else None,
         }
-        if key_columns:
-            key = tuple(_norm(_field(fields, c)) for c in key_cols)
-            shapes.append(Shape(line, key, _us(fields, us_col)))
+        if key_columns and tuple(fields) not in whole_rows:
+            # an identical row is dropped by aiter's lookup (drop_duplicates()) before it
+            # needs unique shapes: only rows that differ can collide
+            whole_rows.add(tuple(fields))
+            shapes.append(
+                Shape(line, tuple(_norm(_field(fields, c)) for c in key_cols), _us(fields, us_col))
+            )
         libtype = _field(fields, lib_col) if lib_col is not None else None
         reader = _id_row if route.keyed is routing.Keyed.ID else _name_row
-        found, bad = reader(route, libtype, [_field(fields, c) for c in name_cols], line, where)
+        found, bad = reader(route, libtype, [_cell(fields, c) for c in name_cols], line, where)
         rows.extend(found)
         broken.extend(bad)
         if not (found or bad):
@@ -177,18 +182,25 @@ def _name_row(
     line: int,
     where: dict[str, Any],
 ) -> _Found:
-    """Name-keyed and shape-keyed tables: each non-empty name goes to its module. An empty name
-    in a row that compiles into a name-keyed module is broken: aiter reads it as 'nan'."""
+    """Name-keyed and shape-keyed tables: each name, as pandas reads the cell, goes to its
+    module. In a row that compiles into a name-keyed module, a cell pandas reads as NaN (empty,
+    ``NA``, ``null``...) is broken (aiter turns it into 'nan'), and so is a name with outer
+    whitespace (pandas keeps it; the code generator finds no such kernel and raises)."""
     rows: list[KernelRow] = []
     broken: list[BrokenRow] = []
     for name in names:
-        module = route.module_for(libtype, name)
+        module = route.module_for(libtype, name.strip())
         if module is None:
             continue
-        if name:
+        if route.keyed is not routing.Keyed.NAME:
+            if name.strip() and name not in NA_VALUES:
+                rows.append(KernelRow(name.strip(), line, module, **where))
+        elif name in NA_VALUES:
+            broken.append(BrokenRow(line, module, EMPTY_NAME if not name else na_name(name)))
+        elif name != name.strip():
+            broken.append(BrokenRow(line, module, spaced_name(name)))
+        else:
             rows.append(KernelRow(name, line, module, **where))
-        elif route.keyed is routing.Keyed.NAME:
-            broken.append(BrokenRow(line, module, EMPTY_NAME))
     return rows, broken
 
 
@@ -220,6 +232,48 @@ EMPTY_NAME = (
 )
 
 
+NA_VALUES = frozenset(
+    {
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    }
+)
+"""pandas' default ``na_values`` (the same in pandas 2.x and 3.x): such a cell reads as NaN."""
+
+
+def na_name(cell: str) -> str:
+    return (
+        f"kernelName {cell!r}: pandas reads it as NaN, aiter as 'nan', and both its code "
+        "generator and the registry lookup fail on it; no rebuild fixes it (fill in the "
+        "kernel or delete the row)"
+    )
+
+
+def spaced_name(cell: str) -> str:
+    return (
+        f"kernelName {cell!r} has outer whitespace: pandas keeps it, so aiter's code generator "
+        "finds no such kernel and raises (and the lookup would miss); no rebuild fixes it "
+        "(remove the whitespace)"
+    )
+
+
 def _norm(value: str) -> str:
     """A key cell as pandas compares it: numbers by value (``1`` == ``1.0``)."""
     try:
@@ -243,6 +297,13 @@ def _on_target(gfx: str | None, cu: str, targets: frozenset[Target]) -> bool:
     except ValueError:
         return False
     return any(t.cu_num == cu_num and (gfx is None or t.gfx == gfx) for t in targets)
+
+
+def _cell(fields: list[str], col: int | None) -> str:
+    """A cell exactly as pandas reads it (no strip; a missing cell of a short row is NaN)."""
+    if col is None or col >= len(fields):
+        return ""
+    return fields[col]
 
 
 def _field(fields: list[str], col: int | None) -> str:

@@ -44,6 +44,7 @@ class Metrics:
     aiter_heals: int = 0  # modules quarantined since start
     aiter_check_failures: int = 0
     aiter_not_converging: int = 0  # modules a heal did not help
+    aiter_fatal_boots: int = 0  # environments whose boot dies at a first table lookup
 
 
 def _escape(value: str) -> str:
@@ -145,6 +146,12 @@ def render(m: Metrics) -> str:
             "gauge",
             "aiter modules a heal did not help (the heal is not repeated).",
             f"{m.aiter_not_converging}",
+        )
+        lines += _scalar(
+            "aiter_fatal_boots",
+            "gauge",
+            "aiter environments whose boot dies at its first table lookup (see status).",
+            f"{m.aiter_fatal_boots}",
         )
     return "\n".join(lines) + "\n"
 

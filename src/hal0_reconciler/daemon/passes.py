@@ -493,11 +493,13 @@ class Passes:
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
         not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
+        fatal_boots = len((self._aiter.status() or {}).get("fatal_boots") or ())
         results = self._restarter.results
         with self.lock:
             m = self.progress.metrics
             m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
             m.aiter_not_converging = not_converging
+            m.aiter_fatal_boots = fatal_boots
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals

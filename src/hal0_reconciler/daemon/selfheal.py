@@ -238,6 +238,7 @@ class SelfHeal:
                     for p, m in modules
                     if m.action is plan.Action.OPERATOR
                 ),
+                "fatal_boots": list(report.fatal_boots),  # the environment and the reason
                 "refused": sorted({b for h in report.heals for b in h.refused}),
                 "errors": list(report.errors),
             }
@@ -253,7 +254,13 @@ class SelfHeal:
                 times = s.failures_in_a_row
                 return f"the aiter check failed {times} times in a row: {s.last_error}"
             errors = s.summary.get("errors") or []
-            return f"aiter: {errors[0]}" if errors else None
+            if errors:
+                return f"aiter: {errors[0]}"
+            fatal = s.summary.get("fatal_boots") or []
+            if fatal:
+                more = f" (+{len(fatal) - 1} more)" if len(fatal) > 1 else ""
+                return f"aiter: a boot dies: {fatal[0]}{more}"
+            return None
 
     def status(self) -> dict[str, Any] | None:
         """The ``aiter`` part of status.json (None when no tree is configured)."""
