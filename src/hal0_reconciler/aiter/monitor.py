@@ -237,6 +237,11 @@ class AiterMonitor:
             where = {"tree": p.tree, "environment": p.environment}
             if new(("rules", p.tree, p.rules)):
                 log.info("aiter.rules_chosen", tree=p.tree, rules=p.rules)
+            if p.handled_as and new(("handled", p.tree, p.handled_as)):
+                if p.handled_as.startswith("refused"):
+                    log.error("aiter.tree_refused", tree=p.tree, reason=p.handled_as)
+                else:
+                    log.info("aiter.tree_handled", tree=p.tree, credentials=p.handled_as)
             if p.rules_note and new(("rules_note", p.tree, p.rules_note)):
                 log.warning("aiter.rules_guessed", tree=p.tree, note=p.rules_note)
             for problem in p.problems:

@@ -115,7 +115,10 @@ class TreeIO:
 
     def lstat(self, path: PurePath | str) -> Stat | None:
         """``lstat`` beneath the tree; None when missing. Raises OSError."""
-        answer, _ = self._call("lstat", path)
+        try:
+            answer, _ = self._call("lstat", path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # the tree root itself is missing
         raw = answer.get("stat")
         return None if raw is None else Stat(*(int(x) for x in raw))
 
@@ -335,3 +338,12 @@ def open_tree(roots: tuple[Root, ...], credentials: Credentials, *, timeout: flo
     if credentials.uid == 0:
         return LocalTree(roots, credentials)
     return ChildTree(roots, credentials, timeout=timeout)
+
+
+ROOT = Credentials("root", 0, 0, (0,), why="the tree is root's")
+
+
+def local_at(folder: PurePath | str) -> TreeIO:
+    """A root-owned tree rooted at ``folder``, handled in this process."""
+    p = PurePosixPath(folder)
+    return LocalTree((Root(p, p),), ROOT)
