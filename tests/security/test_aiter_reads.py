@@ -291,14 +291,11 @@ print(done)
 def _strace_events(log: Path) -> list[str]:
     """The file syscalls the root process itself made (its threads too; not the owner's child)."""
     child_pids: set[int] = set()
-    lines = log.read_text(errors="replace").splitlines()
-    for line in lines:
-        pid, _, call = line.partition(" ")
+    calls = [line.split(None, 1) for line in log.read_text(errors="replace").splitlines()]
+    for pid, call in calls:
         if "execve(" in call and "treechild" in call:
             child_pids.add(int(pid))
-    return [
-        line.partition(" ")[2] for line in lines if int(line.partition(" ")[0]) not in child_pids
-    ]
+    return [call for pid, call in calls if int(pid) not in child_pids]
 
 
 def test_root_never_opens_inside_the_attackers_jit_while_it_swaps_files(
@@ -340,6 +337,8 @@ def test_root_never_opens_inside_the_attackers_jit_while_it_swaps_files(
             assert any(f'"{box.package}' in c for c in root_calls)  # root's own calls traced
             inside = [c for c in root_calls if f'"{box.jit}/' in c]
             assert [] == inside
+            opened = [c for c in root_calls if c.startswith("open") and f'"{box.jit}' in c]
+            assert [] == opened  # not even the folder: the owner's child opens it
             assert b"DoNotEverPrintThisHash" not in run.stdout + run.stderr
     finally:
         os.killpg(swapper.pid, signal.SIGKILL)
