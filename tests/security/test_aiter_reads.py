@@ -346,3 +346,35 @@ def test_root_never_opens_inside_the_attackers_jit_while_it_swaps_files(
     attacks.tried("aiter swap race under strace", rounds)
     assert SHADOW_LINE + "\n" == box.secret.read_text()
     attacks.held("aiter swap race under strace", rounds)
+
+
+def test_a_tree_below_a_folder_the_attacker_owns_is_refused_loudly(
+    box: Box, attacker: Attacker, attacks: Tally
+) -> None:
+    """A root JIT folder inside the attacker's folder: refused, nothing read, plan exits 1."""
+    attacks.tried("aiter tree below the attacker's folder")
+    mid = box.base / "users"
+    (mid / "jit").mkdir(parents=True)
+    attacker.chown(mid)
+    (mid / "jit" / f"{BPS_CK}.so").symlink_to(box.secret)
+    code, text = _plan(box.settings(jit_dir=mid / "jit"))
+    assert 1 == code
+    assert f"{mid} is a folder owned by uid {attacker.uid}, not root; refused" in text
+    assert "module_" not in text  # nothing in the tree was looked at
+    attacks.held("aiter tree below the attacker's folder")
+
+
+def test_a_link_to_a_tree_root_owned_by_the_attacker_is_refused(
+    box: Box, attacker: Attacker, attacks: Tally
+) -> None:
+    """The JIT folder named through a symlink a third user owns: the way is refused."""
+    attacks.tried("aiter link on the way to a tree")
+    other = box.base / "rootjit"
+    other.mkdir()
+    link = box.base / "via"
+    link.symlink_to(other)
+    attacker.chown(link)
+    code, text = _plan(box.settings(jit_dir=link))
+    assert 1 == code
+    assert f"{link} is a symlink owned by uid {attacker.uid}, not root; refused" in text
+    attacks.held("aiter link on the way to a tree")

@@ -84,6 +84,14 @@ class Trees:
         handled = owner.describe() if dead is None else f"{owner.describe()}; {dead}"
         return Access(io, owner, handled)
 
+    def io_for(self, path: PurePath | str) -> treeio.TreeIO | None:
+        """The ``TreeIO`` of the tree ``path`` is literally beneath (for the heal, restore and
+        prune to route their moves through); None when no open tree holds it."""
+        for _, io in self._open.values():
+            if not _dead(io) and io.beneath(path):
+                return io
+        return None
+
     def _drop(self, label: str) -> None:
         held = self._open.pop(label, None)
         if held is not None:
@@ -173,3 +181,11 @@ def header_line(io: treeio.TreeIO, path: PurePath) -> str | None:
     finally:
         os.close(fd)
     return head.split(b"\n", 1)[0].decode("utf-8-sig", errors="replace")
+
+
+def within(tree: AiterTree, base_jit: Path, path: Path) -> bool:
+    """Whether ``path`` is literally beneath the tree's package or base JIT folder."""
+    p = PurePosixPath(path)
+    if ".." in p.parts:
+        return False
+    return any(p == r or r in p.parents for r in map(PurePosixPath, (tree.package_dir, base_jit)))
