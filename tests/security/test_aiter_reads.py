@@ -378,3 +378,34 @@ def test_a_link_to_a_tree_root_owned_by_the_attacker_is_refused(
     assert 1 == code
     assert f"{link} is a symlink owned by uid {attacker.uid}, not root; refused" in text
     attacks.held("aiter link on the way to a tree")
+
+
+def test_root_reads_tables_the_owner_cannot_only_when_the_way_is_roots(
+    box: Box, attacker: Attacker
+) -> None:
+    """A 0700 root configs folder: root reads its tables and says so; the modules stay the
+    owner's child's."""
+    (box.package / "configs").chmod(0o700)
+    (box.jit / f"{BPS_CK}.so").symlink_to(box.secret)
+    _, raw = _plan(box.settings(), "--json")
+    (base,) = json.loads(raw)["plans"]
+    assert base["handled_as"].endswith(
+        "; its tables read by root (the owner cannot read the configs folder)"
+    )
+    assert [] == [s for s in base["sources"] if s["error"] is not None]
+    (mod,) = [m for m in base["modules"] if m["module"] == BPS_CK]
+    assert "unreadable" == mod["status"]
+
+
+def test_a_configs_folder_the_owner_cannot_read_below_the_owners_folder_is_refused(
+    box: Box, attacker: Attacker, attacks: Tally
+) -> None:
+    """The owner's package folder holding a 0700 root configs folder: root does not read it."""
+    attacks.tried("aiter unreadable configs below the owner's folder")
+    attacker.chown(box.package)
+    (box.package / "configs").chmod(0o700)
+    code, text = _plan(box.settings())
+    assert 1 == code
+    assert "cannot be read by" in text
+    assert "is not wholly root's" in text
+    attacks.held("aiter unreadable configs below the owner's folder")

@@ -28,6 +28,7 @@ from hal0_reconciler.model import Credentials
 
 _CHILD_ENV = {"LC_ALL": "C"}
 _Answer = tuple[dict[str, Any], int | None]
+ROOT = Credentials("root", 0, 0, (0,), why="the tree is root's")
 
 
 class TreeUnavailable(OSError):
@@ -110,13 +111,13 @@ class TreeIO:
             return False
         return True
 
-    def _call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
+    def call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
         raise NotImplementedError
 
     def lstat(self, path: PurePath | str) -> Stat | None:
         """``lstat`` beneath the tree; None when missing. Raises OSError."""
         try:
-            answer, _ = self._call("lstat", path)
+            answer, _ = self.call("lstat", path)
         except (FileNotFoundError, NotADirectoryError):
             return None  # the tree root itself is missing
         raw = answer.get("stat")
@@ -132,14 +133,14 @@ class TreeIO:
 
     def listdir(self, path: PurePath | str) -> list[str]:
         """The names in a folder of the tree (sorted). Raises OSError."""
-        answer, _ = self._call("list", path)
+        answer, _ = self.call("list", path)
         return [str(n) for n in answer.get("names", [])]
 
     def open_regular(self, path: PurePath | str) -> tuple[int, Stat]:
         """An fd for reading the regular file ``path`` (the caller closes it) and its stat.
 
         Raises ``boundedread.ReadRefused`` (not regular, a link) or OSError."""
-        answer, fd = self._call("open", path)
+        answer, fd = self.call("open", path)
         if fd is None:
             raise TreeUnavailable(0, "no descriptor in the answer", str(path))
         return fd, Stat(*(int(x) for x in answer["stat"]))
@@ -153,7 +154,7 @@ class TreeIO:
             os.close(fd)
 
     def mkdir(self, path: PurePath | str, mode: int = 0o755) -> None:
-        self._call("mkdir", path, mode=mode)
+        self.call("mkdir", path, mode=mode)
 
     def rename(self, src: PurePath | str, dst: PurePath | str, *, noreplace: bool = True) -> None:
         """Rename inside one root of the tree (never replacing, unless asked)."""
@@ -161,19 +162,19 @@ class TreeIO:
         dst_root, dst_rel = locate(self.roots, dst)
         if src_root != dst_root:
             raise treefs.OutsideTree(18, "a rename between two tree roots", str(dst))
-        self._call("rename", src, dst=dst_rel, noreplace=noreplace)
+        self.call("rename", src, dst=dst_rel, noreplace=noreplace)
 
     def rmtree(self, path: PurePath | str) -> None:
-        self._call("rmtree", path)
+        self.call("rmtree", path)
 
     def fsync_dir(self, path: PurePath | str) -> None:
-        self._call("fsync", path)
+        self.call("fsync", path)
 
     def write_atomic(self, path: PurePath | str, data: bytes, mode: int = 0o644) -> None:
         """Replace a small file (at most ``treechild.MAX_WRITE`` bytes) atomically."""
         if len(data) > treechild.MAX_WRITE:
             raise boundedread.ReadRefused(str(path), "too large to write through the tree")
-        self._call("write", path, data=data, mode=mode)
+        self.call("write", path, data=data, mode=mode)
 
     def close(self) -> None:
         """Release what this tree holds (the owner's child)."""
@@ -186,7 +187,7 @@ class TreeIO:
 class LocalTree(TreeIO):
     """A tree root owns, in this process, with the same primitives."""
 
-    def _call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
+    def call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
         index, rel = locate(self.roots, path)
         worker = treechild.Child([str(r.real) for r in self.roots])
         fds: list[int] = []
@@ -277,7 +278,7 @@ class ChildTree(TreeIO):
             self._sock.close()
             self._sock = None
 
-    def _call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
+    def call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
         index, rel = locate(self.roots, path)
         if self.dead is not None or self._sock is None:
             raise TreeUnavailable(0, self.dead or "the owner's child is gone", str(path))
@@ -312,6 +313,30 @@ class ChildTree(TreeIO):
         self._kill("closed")
 
 
+class SplitTree(TreeIO):
+    """The owner's child for everything but the package folder, which root reads itself: only
+    when the owner cannot read it and the whole way to it is root's."""
+
+    def __init__(self, child: ChildTree, package_root: int) -> None:
+        super().__init__(child.roots, child.credentials)
+        self.child = child
+        self.package_root = package_root
+        self.local = LocalTree(child.roots, ROOT)
+
+    @property
+    def dead(self) -> str | None:
+        return self.child.dead
+
+    def call(self, op: str, path: PurePath | str, **args: Any) -> _Answer:
+        index, _ = locate(self.roots, path)
+        if index == self.package_root and op in ("lstat", "list", "open"):
+            return self.local.call(op, path, **args)
+        return self.child.call(op, path, **args)
+
+    def close(self) -> None:
+        self.child.close()
+
+
 def _checked(answer: dict[str, Any], path: PurePath | str) -> dict[str, Any]:
     if "refused" in answer:
         raise boundedread.ReadRefused(str(path), str(answer["refused"]))
@@ -338,9 +363,6 @@ def open_tree(roots: tuple[Root, ...], credentials: Credentials, *, timeout: flo
     if credentials.uid == 0:
         return LocalTree(roots, credentials)
     return ChildTree(roots, credentials, timeout=timeout)
-
-
-ROOT = Credentials("root", 0, 0, (0,), why="the tree is root's")
 
 
 def local_at(folder: PurePath | str) -> TreeIO:
