@@ -409,3 +409,36 @@ def test_a_configs_folder_the_owner_cannot_read_below_the_owners_folder_is_refus
     assert "cannot be read by" in text
     assert "is not wholly root's" in text
     attacks.held("aiter unreadable configs below the owner's folder")
+
+
+def test_the_daemon_sends_ready_with_a_fifo_module_in_the_owners_jit(
+    box: Box, attacks: Tally, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO module (and a link to one) in the JIT folder: READY still comes, checks go on."""
+    import dataclasses
+
+    from hal0_reconciler.daemon import status
+    from helpers import devnodes
+    from helpers.daemon_host import Host, running, wait_until
+    from helpers.notify_socket import NotifySocket
+
+    attacks.tried("aiter FIFO module against the daemon")
+    os.mkfifo(box.jit / f"{BPS_CK}.so")
+    os.mkfifo(box.base / "fifo")
+    (box.jit / "module_deepgemm_opus.so").symlink_to(box.base / "fifo")
+    with devnodes.dev_tree() as dev, NotifySocket() as sock:
+        monkeypatch.setenv("NOTIFY_SOCKET", str(sock.path))
+        host = Host(tmp_path, dev)
+        settings = dataclasses.replace(host.settings(), aiter=box.settings().aiter)
+
+        def checks() -> int:
+            try:
+                snapshot = json.loads(status.status_path(settings).read_text())
+            except (OSError, ValueError):
+                return 0
+            return int((snapshot.get("aiter") or {}).get("checks") or 0)
+
+        with running(settings):
+            sock.wait_for("READY=1", timeout=30)
+            wait_until(lambda: checks() >= 1, timeout=30, what="the first aiter check")
+    attacks.held("aiter FIFO module against the daemon")

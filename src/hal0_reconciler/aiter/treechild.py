@@ -143,6 +143,10 @@ class Child:
                 for fd in fds:
                     os.close(fd)
             data = json.dumps(answer).encode()
+            if len(data) > MAX_MESSAGE:
+                for fd in out:
+                    os.close(fd)
+                out, data = [], json.dumps(_refused("answer too large")).encode()
             try:
                 socket.send_fds(sock, [data], out) if out else sock.send(data)
             except OSError:
