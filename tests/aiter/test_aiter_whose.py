@@ -109,3 +109,13 @@ def test_the_walk_refuses_a_folder_the_owner_does_not_own_on_the_way(
     os.chown(mid, uid, gid)
     owner = treeowner.owner_of(mid / "jit", tmp_path)
     assert f"{mid} is a folder owned by uid {uid}, not root" in str(owner.refused)
+
+
+def test_a_root_jit_folder_others_can_write_is_refused() -> None:
+    """Root's 0777 JIT folder: anyone could plant files where root would act; refused."""
+    shared = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o777))
+    own = _way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o777))
+    assert "JIT folder /opt/jit is root's but writable by others" in str(
+        whose.judge(shared, _way(*ROOT_WAY)).refused
+    )
+    assert None is whose.judge(own, _way(*ROOT_WAY)).refused
