@@ -79,9 +79,16 @@ class Trees:
         else:
             self._drop(label)
             io = treeio.open_tree(tuple(roots), c, timeout=self.timeout)
+            if isinstance(io, treeio.ChildTree):
+                io, why = _unreadable_configs(io, tree, owner, package)
+                if why is not None:
+                    io.close()
+                    return Access(None, owner, f"refused: {why}", why)
             self._open[label] = (key, io)
         dead = getattr(io, "dead", None)
         handled = owner.describe() if dead is None else f"{owner.describe()}; {dead}"
+        if isinstance(io, treeio.SplitTree):
+            handled += "; its tables read by root (the owner cannot read the configs folder)"
         return Access(io, owner, handled)
 
     def io_for(self, path: PurePath | str) -> treeio.TreeIO | None:
@@ -100,6 +107,26 @@ class Trees:
     def close(self) -> None:
         for label in list(self._open):
             self._drop(label)
+
+
+def _unreadable_configs(
+    io: treeio.ChildTree, tree: AiterTree, owner: treeowner.TreeOwner, package: whose.Way
+) -> tuple[treeio.TreeIO, str | None]:
+    """A configs folder the owner cannot read: root reads the tables itself only when the
+    whole way to them is root's; else the tree is refused."""
+    configs = tree.package_dir / "configs"
+    try:
+        io.listdir(configs)
+    except PermissionError:
+        if whose.root_only(owner.verdict.configs) and whose.root_only(package):
+            return treeio.SplitTree(io, package_root=1), None
+        return io, (
+            f"configs folder {configs} cannot be read by {owner.credentials.user} and is not "
+            "wholly root's"
+        )
+    except (OSError, boundedread.ReadRefused):
+        pass
+    return io, None
 
 
 def configured_folders(base_env: dict[str, str]) -> list[Path]:

@@ -108,7 +108,22 @@ class Verdict:
 def judge(jit: Way, configs: Way) -> Verdict:
     """The verdict for a tree from the ways to its JIT and configs folders."""
     uid = owner_uid(jit)
-    refused = way_problem(jit, uid, what="JIT folder", include_last=False) or way_problem(
-        configs, uid, what="configs folder", include_last=False
+    refused = (
+        way_problem(jit, uid, what="JIT folder", include_last=False)
+        or way_problem(configs, uid, what="configs folder", include_last=False)
+        or _shared_root_jit(jit, uid)
     )
     return Verdict(uid, jit, configs, refused)
+
+
+def _shared_root_jit(jit: Way, uid: int) -> str | None:
+    """A root-owned JIT folder others can write: root would act where they plant files."""
+    last = jit.steps[-1] if jit.steps else None
+    if uid != ROOT_UID or not jit.exists or last is None or last.is_link:
+        return None
+    if last.mode & (stat.S_IWGRP | stat.S_IWOTH) and not last.mode & stat.S_ISVTX:
+        return (
+            f"JIT folder {last.path} is root's but writable by others; refused (give it to the "
+            "user who builds in it)"
+        )
+    return None
