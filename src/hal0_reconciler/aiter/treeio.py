@@ -18,15 +18,17 @@ import socket
 import stat
 import sys
 from dataclasses import dataclass
-from pathlib import PurePath, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
+import hal0_reconciler
 from hal0_reconciler import boundedread, errors
 from hal0_reconciler.aiter import treechild, treefs
 from hal0_reconciler.host import proc
 from hal0_reconciler.model import Credentials
 
 _CHILD_ENV = {"LC_ALL": "C"}
+_PACKAGE_PARENT = str(Path(hal0_reconciler.__file__).resolve().parents[1])
 _Answer = tuple[dict[str, Any], int | None]
 ROOT = Credentials("root", 0, 0, (0,), why="the tree is root's")
 
@@ -226,9 +228,13 @@ class ChildTree(TreeIO):
             "fd": theirs.fileno(),
             "openat2": treefs.OPENAT2,
         }
-        argv = [sys.executable, "-I", "-m", "hal0_reconciler.aiter.treechild", json.dumps(spec)]
+        # -s -P: no user site, not the working folder; the package is found where this one is
+        argv = [sys.executable, "-s", "-P", "-m", "hal0_reconciler.aiter.treechild"]
+        env = {**_CHILD_ENV, "PYTHONPATH": _PACKAGE_PARENT}
         try:
-            self._server = proc.spawn(argv, pass_fds=[theirs.fileno()], env=_CHILD_ENV)
+            self._server = proc.spawn(
+                [*argv, json.dumps(spec)], pass_fds=[theirs.fileno()], env=env
+            )
         except errors.ProcFailed as exc:
             ours.close()
             self.dead = str(exc)

@@ -163,6 +163,7 @@ def spawn(argv: Sequence[str], *, pass_fds: Sequence[int], env: Mapping[str, str
             close_fds=True,
             pass_fds=tuple(pass_fds),
             start_new_session=True,
+            cwd="/",
         )
     except OSError as exc:
         raise errors.ProcFailed(f"{display(args)}: cannot start: {exc.strerror}") from None
