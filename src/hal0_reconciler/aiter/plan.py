@@ -133,6 +133,7 @@ class EnvPlan:
     rules: str = ""  # the aiter version and rule set this plan followed
     rules_note: str | None = None  # why the rule set is a guess (said once per tree)
     fatal: tuple[str, ...] = ()  # the boot dies at a first lookup: the variable and why
+    handled_as: str = ""  # whose credentials the tree's files were handled with
     notes: tuple[str, ...] = ()  # what aiter does as a matter of course (info, not a problem)
 
     @property

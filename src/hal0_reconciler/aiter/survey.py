@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import fsio
+from hal0_reconciler import boundedread, fsio
 from hal0_reconciler.aiter import (
     installed,
     plan,
@@ -27,6 +27,8 @@ from hal0_reconciler.aiter import (
     tablecache,
     tables,
     target,
+    treeaccess,
+    treeio,
 )
 from hal0_reconciler.aiter import rules as rules_mod
 from hal0_reconciler.errors import ReconcilerError
@@ -112,6 +114,8 @@ class Surveyor:
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
         self._routings: dict[str, routing.Routing | str] = {}  # by version key (str: error)
         self.last_slots: list[SlotEnv] = []
+        self.trees = treeaccess.Trees(timeout=settings.aiter.child_timeout)
+        self.handled_as: dict[str, str] = {}  # tree label -> whose credentials handled it
 
     @property
     def table_reads(self) -> int:
@@ -137,7 +141,7 @@ class Surveyor:
                 key = (str(path), fsio.identity_of(path.lstat()))
             except OSError:
                 continue
-            slot = self._slots.get(key) or _read_slot(path)
+            slot = self._slots.get(key) or _read_slot(path, self.settings.slot_max_bytes)
             fresh[key] = slot
             found.append(slot)
         self._slots = fresh
@@ -153,8 +157,11 @@ class Surveyor:
         plans: list[plan.EnvPlan] = []
         modules_seen: list[Path] = []
         for tree in self.settings.aiter.trees:
+            label = tree_label(tree)
+            access = self.trees.access(label, tree, jit_dir_for(tree, tree.base_env))
+            self.handled_as[label] = access.handled_as
             for environment in environments(tree, slots):
-                env_plan = self._plan_env(environment, rules, memory, modules_seen)
+                env_plan = self._plan_env(environment, rules, memory, modules_seen, access)
                 plans.append(env_plan)
         self.registry.forget_missing(modules_seen)
         return plans
@@ -165,27 +172,32 @@ class Surveyor:
         rules_in: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
         modules_seen: list[Path],
+        access: treeaccess.Access,
     ) -> plan.EnvPlan:
         tree, env = environment.tree, environment.env
         label = tree_label(tree)
+        jit = jit_dir_for(tree, env)
+        io = access.io
+        if io is None or (unchecked := self._unchecked(environment, io, jit)):
+            why = [f"tree refused: {access.refused}"] if io is None else unchecked
+            return plan.EnvPlan(
+                label, environment.name, jit, "not checked", (), (), (), tuple(why),
+                checked=False, handled_as=access.handled_as,
+            )  # fmt: skip
         chosen, found = self.installs.choose(tree.package_dir)
         ruleset = chosen.rules
         rules_in, routing_problem = self._routing_for(tree, ruleset, rules_in)
         routing_key = hashlib.sha256(repr(rules_in).encode()).hexdigest()
         choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
-        jit = jit_dir_for(tree, env)
         configs = tree.package_dir / "configs"
-        try:
-            overlays = [p.name for p in (configs / "model_configs").iterdir()]
-        except OSError:
-            overlays = []
+        overlays = treeaccess.listdir(io, configs / "model_configs")
         resolutions = tuple(
             resolve.resolve(
                 route,
                 env,
                 configs_dir=configs,
                 overlay_names=overlays,
-                exists=lambda p: Path(p).is_file(),
+                exists=io.is_file,
                 rules=ruleset,
             )
             for route in rules_in.tables
@@ -196,7 +208,7 @@ class Surveyor:
         found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
-            reads, merged = self._reads(resolutions, rules_in, configs, ruleset.dedup_keys)
+            reads, merged = self._reads(resolutions, rules_in, configs, io, ruleset.dedup_keys)
             context = (
                 str(choice),
                 sorted(choice.lookup),
@@ -205,7 +217,7 @@ class Surveyor:
                 found.version,
             )
             found_sources, merges, needs = self.sources.derive(
-                reads, len(merged), choice, context, routing_key
+                reads, len(merged), choice, context, routing_key, io=io, limits=self._limits
             )
             duplicates: dict[str, list[plan.Broken]] = {}
             for res, (lost, in_dups) in zip(merged, merges, strict=True):
@@ -233,6 +245,7 @@ class Surveyor:
                 choice=choice,
                 needs=needs,
                 modules_seen=modules_seen,
+                io=io,
             )
         else:
             problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
@@ -251,6 +264,7 @@ class Surveyor:
             rules_note=chosen.note,
             fatal=tuple(r.fatal for r in resolutions if r.fatal),
             notes=tuple(notes),
+            handled_as=access.handled_as,
         )
 
     def _routing_for(
@@ -270,11 +284,28 @@ class Surveyor:
             return given, [f"routing for rules {ruleset.name}: {found}; using {given.version}"]
         return found, []
 
+    @property
+    def _limits(self) -> sources.Limits:
+        cfg = self.settings.aiter
+        return sources.Limits(cfg.table_max_bytes, cfg.table_max_rows)
+
+    def _unchecked(self, environment: Environment, io: treeio.TreeIO, jit: Path) -> list[str]:
+        """Why a slot's environment is not checked: its env names paths outside the tree."""
+        if not environment.name.startswith("slot:"):
+            return []
+        slot = environment.name.removeprefix("slot:")
+        bad = treeaccess.outside(io, environment.env, jit_from_env=environment.tree.jit_dir is None)
+        why = [f"{treeaccess.OUTSIDE} (slot {slot}, {var} = {value!r})" for var, value in bad]
+        if not bad and not io.beneath(jit):
+            why.append(f"{treeaccess.OUTSIDE} (slot {slot}, its JIT folder {str(jit)!r})")
+        return why
+
     def _reads(
         self,
         resolutions: tuple[resolve.Resolution, ...],
         rules_in: routing.Routing,
         configs: Path,
+        io: treeio.TreeIO,
         dedup_keys: tuple[str, ...] = ("cu_num", "gfx"),
     ) -> tuple[list[sources.Read], list[resolve.Resolution]]:
         """The table reads a plan needs, in plan order, and the resolutions aiter merges."""
@@ -285,7 +316,7 @@ class Surveyor:
             if not (res.route.compiled or feeds):
                 continue
             # merged files: aiter's duplicate merge; one file: its lookup needs unique shapes
-            keys = self._merge_keys(configs, res.route.stem, dedup_keys) if res.loaded else ()
+            keys = self._merge_keys(configs, res.route.stem, dedup_keys, io) if res.loaded else ()
             group = -1
             if keys:
                 group = len(merged)
@@ -301,27 +332,24 @@ class Surveyor:
         for reg in rules_in.registries:
             reads.extend(
                 sources.Read(f, reg.route, (), sources.Part.SOURCE, -1)
-                for f in _fixed_files(configs, reg.files)
+                for f in _fixed_files(io, configs, reg.files)
             )
         return reads, merged
 
-    def _merge_keys(self, configs: Path, stem: str, extra: tuple[str, ...]) -> tuple[str, ...]:
+    def _merge_keys(
+        self, configs: Path, stem: str, extra: tuple[str, ...], io: treeio.TreeIO
+    ) -> tuple[str, ...]:
         """aiter's duplicate-merge keys: the untuned sibling's columns + ``extra`` (the installed
         aiter's); none (no merge) when the untuned file is absent."""
         path = configs / f"{'untuned'.join(stem.rsplit('tuned', 1))}.csv"
-        ident = _identity(path)
+        ident = _identity(io, path)
         cached = self._untuned.get(path)
         if cached is not None and cached[0] == (ident, extra):
             return cached[1]
         keys: tuple[str, ...] = ()
-        if ident is not None:
-            try:
-                with path.open("rb") as fh:
-                    head = fh.readline(65536).decode("utf-8-sig", errors="replace")
-                cols = [c.strip() for c in head.strip().split(",") if c.strip()]
-                keys = tuple(dict.fromkeys([*cols, *extra]))
-            except OSError:
-                keys = ()
+        if ident is not None and (head := treeaccess.header_line(io, path)) is not None:
+            cols = [c.strip() for c in head.strip().split(",") if c.strip()]
+            keys = tuple(dict.fromkeys([*cols, *extra]))
         self._untuned[path] = ((ident, extra), keys)
         return keys
 
@@ -335,6 +363,7 @@ class Surveyor:
         choice: target.TargetChoice,
         needs: dict[str, plan.Needs],
         modules_seen: list[Path],
+        io: treeio.TreeIO,
     ) -> list[plan.ModulePlan]:
         """The verdict for every module the tables need, from what each ``.so`` registered."""
         modules: list[plan.ModulePlan] = []
@@ -347,7 +376,7 @@ class Surveyor:
                         module,
                         keyed=keyed,
                         needs=needs[module],
-                        facts=plan.ModuleFacts(so, exists=so.exists()),
+                        facts=plan.ModuleFacts(so, exists=_exists(io, so)),
                         digest="",
                         memory=None,
                     )
@@ -356,7 +385,7 @@ class Surveyor:
             modules_seen.append(so)
             wanted = [*needs[module].names, *needs[module].unbuildable]
             try:
-                scan = self.registry.scan(so, wanted)
+                scan = self.registry.scan(so, wanted, io=io)
                 facts = (
                     plan.ModuleFacts(so, exists=False)
                     if scan is None
@@ -369,6 +398,8 @@ class Surveyor:
                 )
             except OSError as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
+            except boundedread.ReadRefused as exc:
+                facts = plan.ModuleFacts(so, exists=True, error=exc.reason)
             modules.append(
                 plan.decide(
                     module,
@@ -382,29 +413,37 @@ class Surveyor:
         return modules
 
 
-def _identity(path: Path) -> tablecache.Stamp | None:
+def _identity(io: treeio.TreeIO, path: Path) -> tablecache.Stamp | None:
     try:
-        return tablecache.stamp_of(path.stat())
+        st = io.lstat(path)
     except OSError:
         return None
+    return None if st is None or not st.is_file else sources.stamp(st)
 
 
-def _fixed_files(configs: Path, patterns: tuple[str, ...]) -> list[resolve.ResolvedFile]:
+def _exists(io: treeio.TreeIO, path: Path) -> bool:
+    try:
+        return io.lstat(path) is not None
+    except OSError:
+        return False
+
+
+def _fixed_files(
+    io: treeio.TreeIO, configs: Path, patterns: tuple[str, ...]
+) -> list[resolve.ResolvedFile]:
     """The files fixed globs under ``configs/`` name (sorted, as aiter's generator globs them)."""
-    found: list[resolve.ResolvedFile] = []
-    for pattern in patterns:
-        found.extend(
-            resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
-            for p in sorted(configs.glob(pattern))
-            if p.is_file()
-        )
-    return list({f.path: f for f in found}.values())
+    return [
+        resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
+        for p in treeaccess.fixed_files(io, configs, patterns)
+    ]
 
 
-def _read_slot(path: Path) -> SlotEnv:
+def _read_slot(path: Path, max_bytes: int) -> SlotEnv:
+    """A slot's ``[server].env``: read capped (``boundedread``), never following a link."""
     name = path.stem
     try:
-        text = store.read_slot(path).data.decode("utf-8")
+        text = boundedread.read_bounded_text(path, max_bytes=max_bytes)
+        assert text is not None  # noqa: S101 - missing_ok is False
         return SlotEnv(name, dict(document.parse_slot(text, stem=name).server_env))
-    except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
+    except (OSError, ReconcilerError) as exc:
         return SlotEnv(name, None, str(exc))
