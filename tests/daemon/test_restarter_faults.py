@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -64,9 +65,11 @@ class Steps:
 def steps(monkeypatch: pytest.MonkeyPatch) -> Steps:
     s = Steps()
     monkeypatch.setattr(units, "active_states", s.states)
-    monkeypatch.setattr(
-        units.RestartFlow, "step", lambda flow, request, **kw: s.apply(flow, request, **kw)
-    )
+
+    def step(flow: object, request: units.RestartRequest, **kw: Any) -> Result:
+        return s.apply(flow, request, **kw)
+
+    monkeypatch.setattr(units.RestartFlow, "step", step)
     return s
 
 

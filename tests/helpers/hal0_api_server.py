@@ -19,11 +19,13 @@ with its headers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 from hal0_reconciler import lifecycle
 
@@ -75,7 +77,7 @@ class Hal0Api(lifecycle.StartStop):
         self.requests: list[tuple[str, str, str | None]] = []
         self.calls: list[Call] = []
         self.slots: dict[str, Slot] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.listening = threading.Event()
         self._stopping = threading.Event()
         api = self
@@ -86,7 +88,7 @@ class Hal0Api(lifecycle.StartStop):
 
             def do_GET(self) -> None:
                 api._record(self)
-                parts = self.path.split("?")[0].strip("/").split("/")
+                parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")]
                 if parts == ["api", "health"]:
                     self._answer(200, {"status": "ok"})
                 elif not api._authorized(self):
@@ -113,7 +115,7 @@ class Hal0Api(lifecycle.StartStop):
                 self.rfile.read(length)
                 api._record(self)
                 auth = self.headers.get("Authorization")
-                parts = self.path.strip("/").split("/")
+                parts = [unquote(p) for p in self.path.strip("/").split("/")]
                 lifecycle_call = (
                     len(parts) == 4
                     and parts[:2] == ["api", "slots"]
@@ -159,10 +161,8 @@ class Hal0Api(lifecycle.StartStop):
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()  # kept alive, as uvicorn does
-                try:
+                with contextlib.suppress(OSError):  # the client went away (a dropped restart)
                     self.wfile.write(data)
-                except OSError:
-                    pass  # the client went away (a dropped restart)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass

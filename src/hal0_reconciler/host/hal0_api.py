@@ -218,7 +218,7 @@ class Hal0Client:
         try:
             key = read_env_file(self._settings.api_env_file).get(API_KEY_VARIABLE, "")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ApiError(f"cannot read {self._settings.api_env_file}: {exc}") from None
+            raise ApiMisconfigured(f"cannot read {self._settings.api_env_file}: {exc}") from None
         if key:
             headers["Authorization"] = f"Bearer {key}"
         return headers
