@@ -44,6 +44,8 @@ class Metrics:
     aiter_heals: int = 0  # modules quarantined since start
     aiter_check_failures: int = 0
     aiter_not_converging: int = 0  # modules a heal did not help
+    restarts_waiting: int = 0  # relabelled slots whose restart waits (busy, hal0 booting, ...)
+    restarts_busy_past_bound: int = 0  # of those, busy longer than busy_bound
 
 
 def _escape(value: str) -> str:
@@ -78,6 +80,18 @@ def render(m: Metrics) -> str:
     lines += _labelled("relabels_total", "target", m.relabels)
     lines += _family("restarts_total", "counter", "Slot restart requests, by result.")
     lines += _labelled("restarts_total", "result", m.restarts)
+    lines += _scalar(
+        "restarts_waiting",
+        "gauge",
+        "Relabelled slots whose restart waits (busy, hal0-api starting, an update running).",
+        f"{m.restarts_waiting}",
+    )
+    lines += _scalar(
+        "restarts_busy_past_bound",
+        "gauge",
+        "Slots whose restart has waited past busy_bound for them to be idle.",
+        f"{m.restarts_busy_past_bound}",
+    )
     lines += _scalar(
         "demotions_total",
         "counter",

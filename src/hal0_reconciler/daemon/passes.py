@@ -494,9 +494,12 @@ class Passes:
         uncovered, heals, failures = self._aiter.counters()
         not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
         results = self._restarter.results
+        waits = self._restarter.report()
         with self.lock:
             m = self.progress.metrics
             m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.restarts_waiting = len(waits["waiting"])  # type: ignore[arg-type]
+            m.restarts_busy_past_bound = len(waits["busy_past_bound"])  # type: ignore[arg-type]
             m.aiter_not_converging = not_converging
             m.aiter_enabled = self._aiter.enabled
             m.aiter_modules_uncovered = uncovered
