@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from hal0_reconciler.slots import edit
 
 _log = get_logger("hal0_reconciler.reconcile")
+FIGHT_REASON = "fight: another writer keeps reverting this slot"
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -306,7 +307,9 @@ class Reconciler:
             path = name if isinstance(name, Path) else folder / name
             made.append(at)
             if key in hands_off:
-                outcomes[at] = Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF)
+                outcomes[at] = Outcome(
+                    key, path, None, None, OutcomeStatus.HANDS_OFF, message=FIGHT_REASON
+                )
                 continue
             try:
                 outcome = self._reconcile_one(path, key, facts, apply=apply)

@@ -575,7 +575,7 @@ def _merge_slots(
             continue
         prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
         if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
-            entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
+            entry = {**prior, "status": entry["status"], "message": entry.get("message")}  # noqa: PLW2901 - kept as shown
         if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
             slots[key] = shown
             continue
