@@ -129,7 +129,7 @@ class Restarter(lifecycle.StartStop):
         self._previous: dict[str, float | None] = {}  # token -> its last action before this one
         self._flow = RestartFlow(settings)
         self.results: Counter[RestartResult] = Counter()
-        self._shown: dict[str, str] = {}  # token -> why it waits, as last counted
+        self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
         self._thread = threading.Thread(target=self._run, name="hal0-restarter", daemon=True)
 
@@ -300,13 +300,16 @@ class Restarter(lifecycle.StartStop):
                     self._last.pop(request.token, None)
                 else:
                     self._last[request.token] = previous
-            shown = result.reason if isinstance(result, Later) else None
-            if shown is None or self._shown.get(request.token) != shown:
+            r = self._flow.report
+            shown = (
+                tuple(sorted(r.waiting.items())),
+                tuple(sorted(r.failures.items())),
+                tuple(sorted(r.busy_past_bound)),
+                r.api_unavailable,
+            )
+            if shown != self._shown:  # what status shows of the restarts changed
+                self._shown = shown
                 self.revision += 1
-            if shown is None:
-                self._shown.pop(request.token, None)
-            else:
-                self._shown[request.token] = shown
             if isinstance(result, Later):
                 if request.token not in self._pending:  # a newer request is due sooner
                     self._put(request, time.monotonic() + result.delay)
