@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, cast
 from hal0_reconciler import __version__, errors, fsio
 from hal0_reconciler._log import get_logger
 from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
-from hal0_reconciler.host import hal0
+from hal0_reconciler.host import hal0, restart_rules
+from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, SlotKey, Verdict
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import document, image, limits, policy, runtime, seen, store
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from hal0_reconciler.slots import edit
 
 _log = get_logger("hal0_reconciler.reconcile")
+FIGHT_REASON = "fight: another writer keeps reverting this slot"
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -205,6 +207,7 @@ class Reconciler:
         # the folder, its names as listed, and the slot files' keys and names made of them
         self._last_listing: tuple[str, list[str], list[SlotKey], list[str]] | None = None
         self.hal0_facts: Hal0Facts | None = None  # as read for the last pass
+        self._vulkan_paused = False  # HAL0_ALLOW_VULKAN_FALLBACK set in hal0's api.env
         self.hal0_problems: tuple[hal0.FactProblem, ...] = ()
         self.update_settings(settings)
 
@@ -238,7 +241,17 @@ class Reconciler:
         assert self.hal0_facts is not None  # noqa: S101 - just read
         # what every verdict depends on besides the file: when it changes, every slot is judged
         # again (from its cached parse when the file is unchanged)
-        self._seen.judge_with((facts.amd, facts.lane, self.hal0_facts, id(self._catalog)))
+        self._note_vulkan_fallback()
+        self._seen.judge_with(
+            (
+                facts.amd,
+                facts.lane,
+                self.hal0_facts,
+                id(self._catalog),
+                self._vulkan_paused,
+                self._settings.hands_off,
+            )
+        )
         if apply and not self._temps_checked:
             self._temps_checked = True
             self._remove_leftover_temps(wait=False)
@@ -294,7 +307,9 @@ class Reconciler:
             path = name if isinstance(name, Path) else folder / name
             made.append(at)
             if key in hands_off:
-                outcomes[at] = Outcome(key, path, None, None, OutcomeStatus.HANDS_OFF)
+                outcomes[at] = Outcome(
+                    key, path, None, None, OutcomeStatus.HANDS_OFF, message=FIGHT_REASON
+                )
                 continue
             try:
                 outcome = self._reconcile_one(path, key, facts, apply=apply)
@@ -387,6 +402,9 @@ class Reconciler:
         if isinstance(read, Outcome):
             return read
         doc, verdict, slot_file = read
+        held = self._held_back(doc, verdict)
+        if held is not None:
+            return _outcome(key, path, doc, OutcomeStatus.HANDS_OFF, verdict, held)
         if verdict.action is Action.SKIP:
             return _outcome(key, path, doc, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:
@@ -406,6 +424,38 @@ class Reconciler:
             except Exception:  # made again under the lock, which reports it
                 made = None
         return _Write(key, path, doc, verdict, slot_file, made)
+
+    def _held_back(self, doc: document.SlotDoc, verdict: Verdict) -> str | None:
+        """Why a deliberate choice keeps this slot as it is: the operator's ``hands_off``, or
+        hal0's Vulkan opt-in while a Vulkan-candidate relabel is due."""
+        if restart_rules.is_hands_off(self._settings.hands_off, name=doc.name, slot_id=doc.id):
+            return "operator: listed in hands_off (never relabelled nor restarted)"
+        relabel = verdict.action not in {Action.KEEP, Action.SKIP}
+        if self._vulkan_paused and relabel and verdict.old == "gpu-vulkan":
+            return f"paused: {restart_rules.VULKAN_FALLBACK_VARIABLE} is set in hal0's api.env"
+        return None
+
+    def _note_vulkan_fallback(self) -> None:
+        """hal0's Vulkan opt-in, as hal0 reads it; said once (loudly) when it becomes set."""
+        try:
+            environment = read_env_file(self._settings.api_env_file)
+        except (OSError, UnicodeDecodeError):
+            environment = {}
+        paused = restart_rules.vulkan_fallback_allowed(environment)
+        if paused and not self._vulkan_paused:
+            _log.warning(
+                "slot.vulkan_relabels_paused",
+                variable=restart_rules.VULKAN_FALLBACK_VARIABLE,
+                path=str(self._settings.api_env_file),
+                detail="the operator is running Vulkan on purpose: no gpu-vulkan slot is "
+                "relabelled or restarted while it is set. hal0's own boot pass ignores this "
+                "variable and still relabels unvalidated gpu-vulkan slots at every hal0-api start",
+            )
+        elif self._vulkan_paused and not paused:
+            _log.info(
+                "slot.vulkan_relabels_resumed", variable=restart_rules.VULKAN_FALLBACK_VARIABLE
+            )
+        self._vulkan_paused = paused
 
     def _write_group(
         self, group: list[_Write], outcomes: list[Outcome | None], facts: HostFacts

@@ -119,9 +119,26 @@ class Settings:
     api_url: str = "http://127.0.0.1:8080"
     api_env_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/api.env")
     api_timeout: float = 3.0
-    restart_fallback: RestartFallback = RestartFallback.STOP
+    restart_fallback: RestartFallback = RestartFallback.NONE
     restart_min_interval: float = 60.0
     systemctl: str = "systemctl"
+    restart_timeout: float = 1200.0  # hal0's restart answer: unload + CPU-lane load + sanity probe
+    busy_bound: float = 1800.0  # a slot busy this long: degraded (and still waited for)
+    restart_busy: bool = False  # past busy_bound, restart a busy slot anyway (opt-in)
+    idle_confirm: float = 10.0  # no load counters: idle in two reads this far apart
+    idle_recheck: float = 5.0  # a busy slot is looked at again this often
+    api_wait_bound: float = 600.0  # hal0-api not answering this long: unavailable, fallback
+    hal0_api_unit: str = "hal0-api.service"
+    hal0_api_user: str = "auto"  # "auto": the User= of hal0_api_unit (hal0 when none is read)
+    hal0_api_unit_dirs: tuple[Path, ...] = (
+        Path("/etc/systemd/system"),
+        Path("/run/systemd/system"),
+        Path("/usr/lib/systemd/system"),
+        Path("/lib/systemd/system"),
+    )
+    update_jobs_dir: Path = field(default_factory=lambda: hal0_root() / "var/lib/hal0/update-jobs")
+    update_job_max_age: float = 7200.0  # an older queued/running job is a crashed update
+    hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
     # reporting
     metrics_textfile: Path | None = None
     log_format: LogFormat = LogFormat.AUTO
@@ -164,6 +181,12 @@ RANGES: dict[str, Range] = {
     "stuck_after": Range(0.5, 86400),
     "api_timeout": Range(0.1, 300),
     "restart_min_interval": Range(0, 86400),
+    "restart_timeout": Range(1, 86400),
+    "busy_bound": Range(0, 7 * 86400),
+    "idle_confirm": Range(0, 3600),
+    "idle_recheck": Range(0.05, 3600),
+    "api_wait_bound": Range(0, 86400),
+    "update_job_max_age": Range(1, 30 * 86400),
     "aiter.keep_quarantines": Range(0, 1000, "quarantines"),
     "aiter.settle_window": Range(0.01, 600),
     "aiter.table_max_bytes": Range(1024, 1 << 30, "bytes"),

@@ -54,8 +54,8 @@ def test_a_flood_of_deferred_restarts_runs_each_unit_once_at_its_turn(tmp_path: 
     systemctl = _active(tmp_path, names)
     with (
         Hal0Api() as api,
-        units.Restarter(_settings(tmp_path, systemctl, api, 1.5)) as restarter,
-    ):
+        units.Restarter(_settings(tmp_path, systemctl, api, 8)) as restarter,
+    ):  # 8 s: 300 careful restarts (health, state, load, restart each) fit in one interval
         for name in names:
             restarter.submit(_request(name))
         wait_until(lambda: len(api.requests) == 300, timeout=30, what="the first restarts")
@@ -65,7 +65,7 @@ def test_a_flood_of_deferred_restarts_runs_each_unit_once_at_its_turn(tmp_path: 
                 restarter.submit(_request(name))
         pending = restarter.pending()
         assert sorted(names) == sorted(pending)
-        assert all(0 < wait <= 1.5 for wait in pending.values()), pending
+        assert all(0 < wait <= 8 for wait in pending.values()), pending
         wait_until(lambda: len(api.requests) == 600, timeout=30, what="the second restarts")
         waited = time.monotonic() - started
         time.sleep(0.3)  # nothing more comes

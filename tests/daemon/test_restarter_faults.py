@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -46,7 +47,9 @@ class Steps:
     def states(self, _settings: object, tokens: list[str]) -> dict[str, bool | None]:
         return dict.fromkeys(tokens, True)
 
-    def apply(self, _settings: object, request: units.RestartRequest, *, active: object) -> Result:
+    def apply(
+        self, _settings: object, request: units.RestartRequest, *, active: object, now: float = 0.0
+    ) -> Result:
         self.applied.append(request.name)
         self.entered.release()
         gate = self.release.get(request.name)
@@ -62,7 +65,11 @@ class Steps:
 def steps(monkeypatch: pytest.MonkeyPatch) -> Steps:
     s = Steps()
     monkeypatch.setattr(units, "active_states", s.states)
-    monkeypatch.setattr(units, "apply_change", s.apply)
+
+    def step(flow: object, request: units.RestartRequest, **kw: Any) -> Result:
+        return s.apply(flow, request, **kw)
+
+    monkeypatch.setattr(units.RestartFlow, "step", step)
     return s
 
 
@@ -76,12 +83,14 @@ def test_a_state_query_that_crashes_is_logged_and_the_batch_still_runs(
     def crashing(_settings: object, _tokens: list[str]) -> dict[str, bool | None]:
         raise RuntimeError("parse error in systemctl's answer")
 
-    def apply(_settings: object, request: units.RestartRequest, *, active: object) -> Result:
+    def apply(
+        _settings: object, request: units.RestartRequest, *, active: object, now: float = 0.0
+    ) -> Result:
         seen.append(active)
         return Result.UNKNOWN_STATE
 
     monkeypatch.setattr(units, "active_states", crashing)
-    monkeypatch.setattr(units, "apply_change", apply)
+    monkeypatch.setattr(units.RestartFlow, "step", apply)
     restarter = units.Restarter(_settings(tmp_path))
     _batch(restarter, ["agent", "coder"])
     with capture_logs() as logs, restarter:
@@ -98,12 +107,14 @@ def test_a_state_query_that_crashes_is_logged_and_the_batch_still_runs(
 def test_a_restart_that_crashes_is_logged_counted_failed_and_the_next_one_runs(
     tmp_path: Path, steps: Steps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def apply(settings: object, request: units.RestartRequest, *, active: object) -> Result:
+    def apply(
+        settings: object, request: units.RestartRequest, *, active: object, now: float = 0.0
+    ) -> Result:
         if request.name == "agent":
             raise OSError(24, "Too many open files")
         return steps.apply(settings, request, active=active)
 
-    monkeypatch.setattr(units, "apply_change", apply)
+    monkeypatch.setattr(units.RestartFlow, "step", apply)
     restarter = units.Restarter(_settings(tmp_path))
     _batch(restarter, ["agent", "coder"])
     with capture_logs() as logs, restarter:

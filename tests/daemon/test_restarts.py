@@ -7,6 +7,7 @@ import threading
 from structlog.testing import capture_logs
 
 from hal0_reconciler.host import units
+from hal0_reconciler.host.envfile import read_env_file
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hal0_api_server import Hal0Api
 
@@ -27,8 +28,9 @@ def test_an_active_relabelled_slot_is_restarted_through_the_api(host: Host, noti
     assert [] == host.systemctl.actions()
 
 
-def test_without_the_key_the_api_refuses_and_the_unit_is_stopped(host: Host, notify_socket) -> None:
-    """401 from the API: fall back to systemctl stop --no-block and warn that hal0 must reload."""
+def test_without_the_key_the_api_refuses_and_nothing_is_stopped(host: Host, notify_socket) -> None:
+    """401 from the API: a failed restart, said with hal0's error; the default fallback stops
+    nothing."""
     host.systemctl.set_states({UNIT: "active"})
     with (
         Hal0Api(key="s3cret") as api,
@@ -37,19 +39,19 @@ def test_without_the_key_the_api_refuses_and_the_unit_is_stopped(host: Host, not
     ):
         notify_socket.wait_for("READY=1")
         drop_slot(host.slots, "agent")
-        wait_until(lambda: any(e["event"] == "unit.stopped_needs_reload" for e in logs))
-    assert [("POST", "/api/slots/agent/restart", None)] == api.requests
-    assert [["stop", "--no-block", UNIT]] == host.systemctl.actions()
-    warning = next(e for e in logs if e["event"] == "unit.stopped_needs_reload")
+        wait_until(lambda: any(e["event"] == "unit.restart_failed" for e in logs))
+    assert [] == api.requests, "refused at the first look, before any restart"
+    assert [] == host.systemctl.actions()
+    warning = next(e for e in logs if e["event"] == "unit.restart_failed")
     assert ("warning", "agent") == (warning["log_level"], warning["slot"])
-    assert "401" in warning["error"]
-    assert "auth.required: admin key required" in warning["error"]  # hal0's error envelope
+    assert "401 auth.required: admin key required" in warning["error"]  # hal0's error envelope
 
 
 def test_fallback_none_leaves_the_unit_running(host: Host, notify_socket) -> None:
-    """restart_fallback = none: the API is down and nothing is stopped."""
-    host.systemctl.set_states({UNIT: "active"})
-    with running(host.settings(restart_fallback="none")), capture_logs() as logs:
+    """restart_fallback = none: the API is down past its bound and nothing is stopped."""
+    host.systemctl.set_states({UNIT: "active", "hal0-api.service": "failed"})
+    settings = host.settings(restart_fallback="none", api_wait_bound="0.3")
+    with running(settings), capture_logs() as logs:
         notify_socket.wait_for("READY=1")
         drop_slot(host.slots, "agent")
         wait_until(lambda: any(e["event"] == "unit.restart_failed" for e in logs))
@@ -87,25 +89,29 @@ def test_env_file_parsing_follows_shell_quoting(tmp_path) -> None:
     """KEY=VALUE lines with comments, export and quotes; a missing file is empty."""
     env = tmp_path / "api.env"
     env.write_text('# c\nexport HAL0_ADMIN_KEY="a b"\nOTHER=x # note\n\nBROKEN\n')
-    assert {"HAL0_ADMIN_KEY": "a b", "OTHER": "x"} == units.read_env_file(env)
-    assert {} == units.read_env_file(tmp_path / "missing")
+    assert {"HAL0_ADMIN_KEY": "a b", "OTHER": "x"} == read_env_file(env)
+    assert {} == read_env_file(tmp_path / "missing")
 
 
-def test_an_unreadable_api_env_file_still_falls_back_to_stopping(host: Host) -> None:
-    """A broken api.env (here a directory) is an API failure: the unit is still stopped."""
+def test_an_unreadable_api_env_file_fails_the_restart_and_stops_nothing(host: Host) -> None:
+    """A broken api.env (here a directory) is our configuration failing: said, nothing sent,
+    nothing stopped, even with the stop fallback chosen."""
     host.systemctl.set_states({UNIT: "active"})
     broken = host.root / "etc/hal0/api.env"
     broken.mkdir(parents=True)
-    settings = host.settings(api_env_file=str(broken))
-    with capture_logs() as logs:
-        result = units.apply_change(settings, units.RestartRequest(name="agent", token="agent"))
-    assert units.RestartResult.STOPPED == result
-    assert [["stop", "--no-block", UNIT]] == host.systemctl.actions()
-    assert "api.env" in next(e for e in logs if e["event"] == "unit.stopped_needs_reload")["error"]
+    with Hal0Api() as api:
+        settings = host.settings(api_url=api.url, api_env_file=str(broken), restart_fallback="stop")
+        with capture_logs() as logs:
+            result = units.apply_change(settings, units.RestartRequest(name="agent", token="agent"))
+    assert units.RestartResult.FAILED == result
+    assert [] == host.systemctl.actions()
+    assert [] == api.calls
+    assert "api.env" in next(e for e in logs if e["event"] == "unit.restart_failed")["error"]
 
 
-def test_an_api_that_takes_the_request_but_does_not_answer_is_not_stopped(host: Host) -> None:
-    """The API may be restarting the slot already: no answer in time means no systemctl stop."""
+def test_an_api_that_accepts_but_never_answers_is_not_stopped(host: Host) -> None:
+    """Something accepts the connection but never answers: the API is not there yet, nothing
+    is stopped (the one-shot verb leaves it to the daemon)."""
     import socket
 
     host.systemctl.set_states({UNIT: "active"})
@@ -114,11 +120,13 @@ def test_an_api_that_takes_the_request_but_does_not_answer_is_not_stopped(host: 
     silent.listen(1)  # accepts the connection, never answers
     try:
         port = silent.getsockname()[1]
-        settings = host.settings(api_url=f"http://127.0.0.1:{port}", api_timeout=0.5)
+        settings = host.settings(
+            api_url=f"http://127.0.0.1:{port}", api_timeout=0.5, restart_fallback="stop"
+        )
         result = units.apply_change(settings, units.RestartRequest(name="agent", token="agent"))
     finally:
         silent.close()
-    assert units.RestartResult.NO_ANSWER == result
+    assert units.RestartResult.DEFERRED == result
     assert [] == host.systemctl.actions()
 
 

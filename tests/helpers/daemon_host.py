@@ -92,6 +92,9 @@ class Host:
             "service_user": SERVICE_USER,
             "api_url": "http://127.0.0.1:9",  # discard port: nothing listens
             "api_env_file": str(self.root / "etc/hal0/api.env"),
+            "update_jobs_dir": str(self.root / "var/lib/hal0/update-jobs"),
+            "idle_recheck": "0.1",
+            "idle_confirm": "0.3",
             "systemctl": str(self.systemctl.path),
             **self.hal0.settings(),
             **FAST,

@@ -64,4 +64,7 @@ def restarter_overrides(
         "api_url": api_url,
         "api_env_file": str(tmp_path / "api.env"),
         "api_timeout": api_timeout,
+        "update_jobs_dir": str(tmp_path / "update-jobs"),
+        "idle_recheck": 0.05,
+        "idle_confirm": 0.3,
     }

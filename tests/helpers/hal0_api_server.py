@@ -1,12 +1,38 @@
-"""A small local stand-in for hal0-api: ``POST /api/slots/{name}/restart`` (and ``/load``)."""
+"""A local stand-in for hal0-api that speaks the contract's API for real (timings scaled down).
+
+- ``POST /api/slots/{name}/restart`` (and ``/load``): synchronous like hal0's handler, it walks
+  the slot through ``unloading → offline → starting → warming`` over ``restart_for`` seconds and
+  ends as the slot's ``outcome`` says: ``ready`` (200), ``warming`` (200, readiness timed out),
+  ``offline`` (200, no default model), ``error`` (500 ``slot.spawn_failed``, state error with a
+  ``metadata.message``), ``sanity`` (500 ``slot.output_sanity_failed``, unit stopped, state
+  error), ``504`` (``slot.terminate_timeout``, state error).
+- ``GET /api/slots/{name}/state`` and its SSE ``/state/stream``; ``GET /api/slots/{name}`` with
+  ``metadata.message``; ``GET /api/slots/metrics`` with live counters, or without
+  ``requests_deferred`` (a llama-server without ``--metrics``: ``requests_processing`` keeps 0).
+- ``GET /api/health``: 200, except that while ``boot_for`` runs the port is bound but not
+  listening, so every connection is refused, as hal0-api does during its migrations.
+- ``key``: every route but ``/api/health`` needs ``Authorization: Bearer <key>``.
+
+``requests`` lists the lifecycle POSTs as (method, path, authorization); ``calls`` every request
+with its headers.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 from hal0_reconciler import lifecycle
+
+SANITY_MESSAGE = (
+    "output-sanity probe failed (incoherent_output): 'The capital of France is' → expected "
+    "'Paris', got ')))))))'"
+)
 
 
 def _error(code: str, message: str) -> dict[str, object]:
@@ -14,64 +40,219 @@ def _error(code: str, message: str) -> dict[str, object]:
     return {"error": {"code": code, "message": message, "details": {}}}
 
 
-class Hal0Api(lifecycle.StartStop):
-    """Records every request as (method, path, authorization). ``key``: require this bearer."""
+@dataclass
+class Slot:
+    """One simulated slot. ``deferred=None``: hal0 has no counters for it."""
 
-    def __init__(self, *, key: str | None = None, status: int = 200) -> None:
+    state: str = "ready"
+    processing: int = 0
+    deferred: int | None = 0
+    outcome: str = "ready"
+    restart_for: float = 0.0
+    message: str = ""
+    port: int = 8081
+
+    def row(self, name: str) -> dict[str, object]:
+        row: dict[str, object] = {"name": name, "mem_rss_mb": 1.0, "uptime_seconds": 5}
+        row["requests_processing"] = self.processing if self.deferred is not None else 0
+        if self.deferred is not None:
+            row["requests_deferred"] = self.deferred
+        return row
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+class Hal0Api(lifecycle.StartStop):
+    """hal0-api on loopback. ``status``: answer every lifecycle POST with this error instead."""
+
+    def __init__(self, *, key: str | None = None, status: int = 200, boot_for: float = 0.0) -> None:
         self.key = key
         self.status = status
+        self.boot_for = boot_for
         self.requests: list[tuple[str, str, str | None]] = []
+        self.calls: list[Call] = []
+        self.slots: dict[str, Slot] = {}
+        self.lock = threading.RLock()
+        self.listening = threading.Event()
+        self._stopping = threading.Event()
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as uvicorn: no delayed-ACK stall on kept-alive
+
+            def do_GET(self) -> None:
+                api._record(self)
+                parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")]
+                if parts == ["api", "health"]:
+                    self._answer(200, {"status": "ok"})
+                elif not api._authorized(self):
+                    self._answer(401, _error("auth.required", "admin key required"))
+                elif parts == ["api", "slots", "metrics"]:
+                    with api.lock:
+                        rows = {n: s.row(n) for n, s in api.slots.items()}
+                    self._answer(200, rows)
+                elif len(parts) == 4 and parts[:2] == ["api", "slots"] and parts[3] == "state":
+                    self._answer(200, api._state_body(parts[2]))
+                elif len(parts) == 5 and parts[3:] == ["state", "stream"]:
+                    self._stream(parts[2])
+                elif len(parts) == 3 and parts[:2] == ["api", "slots"]:
+                    body = api._state_body(parts[2])
+                    with api.lock:
+                        message = api.slot(parts[2]).message
+                    body["metadata"] = {"message": message, "provider": "llama-server"}
+                    self._answer(200, body)
+                else:
+                    self._answer(404, _error("system.not_found", "no such route"))
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
+                api._record(self)
                 auth = self.headers.get("Authorization")
-                api.requests.append(("POST", self.path, auth))
-                parts = self.path.strip("/").split("/")
-                if (
-                    len(parts) != 4
-                    or parts[:2] != ["api", "slots"]
-                    or parts[3]
-                    not in {
-                        "restart",
-                        "load",
-                    }
-                ):
+                parts = [unquote(p) for p in self.path.strip("/").split("/")]
+                lifecycle_call = (
+                    len(parts) == 4
+                    and parts[:2] == ["api", "slots"]
+                    and parts[3] in {"restart", "load"}
+                )
+                if lifecycle_call:
+                    with api.lock:
+                        api.requests.append(("POST", self.path, auth))
+                if not lifecycle_call:
                     self._answer(404, _error("slot.not_found", "no such slot"))
-                elif api.key is not None and auth != f"Bearer {api.key}":
+                elif not api._authorized(self):
                     self._answer(401, _error("auth.required", "admin key required"))
                 elif api.status != 200:
                     self._answer(api.status, _error("slot.restart_failed", "restart failed"))
                 else:
-                    self._answer(200, {"name": parts[2], "kind": "local", "status": "loading"})
+                    code, body = api._restart(parts[2])
+                    self._answer(code, body)
+
+            def _stream(self, name: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                last = None
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not api._stopping.is_set():
+                    body = api._state_body(name)
+                    if body["state"] != last:
+                        last = body["state"]
+                        frame = f"event: state\ndata: {json.dumps(body)}\n\n".encode()
+                        try:
+                            self.wfile.write(frame)
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                    api._stopping.wait(0.02)
+                self.close_connection = True
 
             def _answer(self, code: int, body: dict[str, object]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.end_headers()  # kept alive, as uvicorn does
+                with contextlib.suppress(OSError):  # the client went away (a dropped restart)
+                    self.wfile.write(data)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="test-hal0-api"
-        )
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+        self._server.daemon_threads = True
+        self._server.server_bind()  # the port is ours, but refuses connections until it listens
+        self._thread = threading.Thread(target=self._serve, name="test-hal0-api")
 
+    # -- the simulated hal0 ---------------------------------------------------------------------
+    def slot(self, name: str, **fields: object) -> Slot:
+        """The slot called ``name`` (made ready and idle when new); ``fields`` set on it."""
+        with self.lock:
+            slot = self.slots.setdefault(name, Slot())
+            for key, value in fields.items():
+                setattr(slot, key, value)
+            return slot
+
+    def _authorized(self, handler: BaseHTTPRequestHandler) -> bool:
+        return self.key is None or handler.headers.get("Authorization") == f"Bearer {self.key}"
+
+    def _record(self, handler: BaseHTTPRequestHandler) -> None:
+        with self.lock:
+            self.calls.append(Call(handler.command, handler.path, dict(handler.headers.items())))
+
+    def _state_body(self, name: str) -> dict[str, object]:
+        with self.lock:
+            slot = self.slots.setdefault(name, Slot())
+            return {
+                "name": name,
+                "state": slot.state,
+                "port": slot.port,
+                "model_id": "m",
+                "backend": "rocm",
+            }
+
+    def _set(self, name: str, state: str, message: str = "") -> None:
+        with self.lock:
+            slot = self.slots.setdefault(name, Slot())
+            slot.state = state
+            slot.message = message
+
+    def _restart(self, name: str) -> tuple[int, dict[str, object]]:
+        """hal0's synchronous restart: unload, load, readiness, sanity; then the outcome."""
+        with self.lock:
+            slot = self.slots.setdefault(name, Slot())
+            outcome, duration = slot.outcome, slot.restart_for
+        if outcome == "504":
+            self._set(name, "unloading")
+            self._stopping.wait(duration)
+            self._set(name, "error", "stop of hal0-slot@x.service timed out after 30s")
+            return 504, _error("slot.terminate_timeout", "slot unit did not stop within 30s")
+        for state in ("unloading", "offline", "starting", "warming"):
+            self._set(name, state)
+            self._stopping.wait(duration / 4)
+        if outcome == "error":
+            self._set(name, "error", "llama-server exited with status 1 (out of memory)")
+            return 500, _error("slot.spawn_failed", "llama-server exited with status 1")
+        if outcome == "sanity":
+            self._set(name, "error", SANITY_MESSAGE)
+            return 500, _error("slot.output_sanity_failed", SANITY_MESSAGE)
+        final = outcome if outcome in {"ready", "warming", "offline", "idle"} else "ready"
+        self._set(name, final)
+        body = self._state_body(name)
+        body |= {"kind": "local", "status": final, "metadata": {"message": ""}}
+        return 200, body
+
+    # -- lifecycle ------------------------------------------------------------------------------
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    def _serve(self) -> None:
+        if not self.listening.is_set():
+            if self._stopping.wait(self.boot_for):
+                return
+            self._server.server_activate()
+            self.listening.set()
+        self._server.serve_forever(poll_interval=0.05)
+
     def start(self) -> None:
+        if self.boot_for <= 0:  # listening before the first client can try
+            self._server.server_activate()
+            self.listening.set()
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._stopping.set()
+        if self.listening.is_set():
+            self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)

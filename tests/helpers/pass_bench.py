@@ -29,6 +29,9 @@ class FakeRestarter:
     def submit(self, request: units.RestartRequest) -> None:
         self.requests.append(request)
 
+    def report(self) -> dict[str, object]:
+        return {"waiting": {}, "failed": {}, "busy_past_bound": [], "api_unavailable": None}
+
 
 class Bench:
     """One Passes object on temp host paths; ``facts`` is what the next probe finds."""

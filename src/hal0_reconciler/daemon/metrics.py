@@ -45,6 +45,8 @@ class Metrics:
     aiter_check_failures: int = 0
     aiter_not_converging: int = 0  # modules a heal did not help
     aiter_fatal_boots: int = 0  # environments whose boot dies at a first table lookup
+    restarts_waiting: int = 0  # relabelled slots whose restart waits (busy, hal0 booting, ...)
+    restarts_busy_past_bound: int = 0  # of those, busy longer than busy_bound
 
 
 def _escape(value: str) -> str:
@@ -79,6 +81,18 @@ def render(m: Metrics) -> str:
     lines += _labelled("relabels_total", "target", m.relabels)
     lines += _family("restarts_total", "counter", "Slot restart requests, by result.")
     lines += _labelled("restarts_total", "result", m.restarts)
+    lines += _scalar(
+        "restarts_waiting",
+        "gauge",
+        "Relabelled slots whose restart waits (busy, hal0-api starting, an update running).",
+        f"{m.restarts_waiting}",
+    )
+    lines += _scalar(
+        "restarts_busy_past_bound",
+        "gauge",
+        "Slots whose restart has waited past busy_bound for them to be idle.",
+        f"{m.restarts_busy_past_bound}",
+    )
     lines += _scalar(
         "demotions_total",
         "counter",

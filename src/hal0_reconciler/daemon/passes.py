@@ -495,9 +495,12 @@ class Passes:
         not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
         fatal_boots = len((self._aiter.status() or {}).get("fatal_boots") or ())
         results = self._restarter.results
+        waits = self._restarter.report()
         with self.lock:
             m = self.progress.metrics
             m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
+            m.restarts_waiting = len(waits["waiting"])  # type: ignore[arg-type]
+            m.restarts_busy_past_bound = len(waits["busy_past_bound"])  # type: ignore[arg-type]
             m.aiter_not_converging = not_converging
             m.aiter_fatal_boots = fatal_boots
             m.aiter_enabled = self._aiter.enabled
@@ -574,7 +577,7 @@ def _merge_slots(
             continue
         prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
         if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
-            entry = {**prior, "status": entry["status"]}  # noqa: PLW2901 - kept as shown
+            entry = {**prior, "status": entry["status"], "message": entry.get("message")}  # noqa: PLW2901 - kept as shown
         if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
             slots[key] = shown
             continue

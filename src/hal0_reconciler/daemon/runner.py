@@ -296,6 +296,7 @@ class Runner:
                 # what status.json shows changed (not a batch that changed nothing, such as
                 # the echo of the daemon's own write), or the aiter check ran
                 passes_done = progress.revision + self._aiter.generation()
+                passes_done += self._restarter.revision  # a restart waited, ended or failed
             became_ready = ready_after is not None and full_passes >= ready_after
             if became_ready:
                 ready_after = None
@@ -337,8 +338,8 @@ class Runner:
             problems.append("the work queue is not moving")
         if not self._restarter.is_alive():
             problems.append("the restarter thread died")
-        elif self._restarter.busy_for() > settings.stuck_after:
-            problems.append("a slot restart is stuck")
+        elif self._restarter.busy_for() > settings.restart_timeout + settings.stuck_after:
+            problems.append("a slot restart is stuck")  # hal0's answer may take restart_timeout
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:
             problems.append(f"the file observer died {len(recent)} times in 10 minutes")
@@ -381,8 +382,12 @@ class Runner:
             started_at=self._started_at,
             slots_json=self._slots_json,
         )
-        degraded = () if self._slots_dir_problem is None else (self._slots_dir_problem,)
+        degraded: tuple[str, ...] = ()
+        if self._slots_dir_problem is not None:
+            degraded = (self._slots_dir_problem,)
+        degraded += tuple(self._restarter.problems().values())  # failed, busy past bound, API
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
+        snapshot["restarts"] = self._restarter.report()
         snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)

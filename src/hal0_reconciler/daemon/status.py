@@ -191,6 +191,11 @@ def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
     if pending:
         items = ", ".join(f"{inert(n)} in {round(s)}s" for n, s in sorted(pending.items()))
         lines.append(f"  restarts pending: {items}")
+    restarts = snapshot.get("restarts") or {}
+    for name, why in sorted((restarts.get("waiting") or {}).items()):
+        lines.append(f"  restart waits: {name}: {why}")
+    for name, message in sorted((restarts.get("failed") or {}).items()):
+        lines.append(f"  restart failed: {name}: {message}")
     hands_off = snapshot.get("hands_off") or []
     if hands_off:
         lines.append(f"  hands off (fight): {', '.join(inert(n) for n in hands_off)}")

@@ -1,57 +1,39 @@
-"""Applying a changed slot: ask hal0's API to restart it, else the configured fallback.
+"""Applying a changed slot the way a careful operator would, through hal0's API.
 
 A plain ``systemctl restart`` would re-use the devices and argv baked into the Quadlet unit, so
-the way to apply a changed TOML is ``POST {api_url}/api/slots/{name}/restart``. When the API
-cannot be reached or refuses, the fallback is ``systemctl stop --no-block hal0-slot@<token>``
-(loudly: the slot needs a reload in hal0) or nothing. Never for an inactive slot; at most once per
-slot per ``restart_min_interval`` (a later request waits for its turn, coalesced). All of it runs
-on the :class:`Restarter` thread, so the main loop never waits on an HTTP server or systemctl.
+the way to apply a changed TOML is ``POST {api_url}/api/slots/{name}/restart`` — but only once
+the slot is idle, hal0-api answers and no update runs (``restart_flow``), and the answer's
+``state`` says whether it worked. The stop fallback (``systemctl stop --no-block``) is opt-in and
+only for a hal0-api that is really down past ``api_wait_bound``. Never for an inactive slot; at
+most once per slot per ``restart_min_interval``; one restart at a time per host (each load can
+evict other idle slots). All of it runs on the :class:`Restarter` thread, so the main loop never
+waits on an HTTP server or systemctl.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-import json
 import threading
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hal0_reconciler import _log, errors, lifecycle
 from hal0_reconciler.host import proc
-from hal0_reconciler.host.envfile import read_env_file
-from hal0_reconciler.settings import RestartFallback, Settings
+from hal0_reconciler.host.restart_flow import (
+    Later,
+    RestartFlow,
+    RestartRequest,
+    RestartResult,
+)
+from hal0_reconciler.settings import Settings
 
-if TYPE_CHECKING:
-    import urllib.error
+__all__ = ["Later", "RestartRequest", "RestartResult", "Restarter", "apply_change", "unit_name"]
 
 log = _log.get_logger("hal0_reconciler.host.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
-API_KEY_VARIABLE = "HAL0_ADMIN_KEY"
-
-
-class RestartResult(enum.StrEnum):
-    """How one restart request ended (a metrics label)."""
-
-    RESTARTED = "restarted"  # hal0's API accepted it
-    STOPPED = "stopped"  # fallback: the unit was stopped, hal0 must reload the slot
-    FAILED = "failed"  # neither the API nor the fallback worked (or fallback is `none`)
-    NO_ANSWER = "no-answer"  # the API took the request but did not answer in time
-    INACTIVE = "inactive"  # not running: nothing to apply
-    UNKNOWN_STATE = "unknown-state"  # systemctl could not say: leave it alone
-
-
-@dataclass(frozen=True)
-class RestartRequest:
-    """A relabelled slot to restart."""
-
-    name: str  # the slot's display name (the API's {name})
-    token: str  # the unit instance: the slot's id when set, else its name
 
 
 def unit_name(token: str) -> str:
@@ -87,123 +69,28 @@ def _shown(units: list[str], limit: int = 5) -> str:
     return " ".join(units[:limit]) + more
 
 
-class ApiNoAnswer(Exception):
-    """The API took the request but did not answer within the timeout."""
-
-
-def restart_via_api(settings: Settings, name: str) -> None:
-    """POST the restart; raises ApiNoAnswer, or ReconcilerError with the human line."""
-    import urllib.error  # noqa: PLC0415 - http, ssl, email: only when a restart is asked
-    import urllib.request  # noqa: PLC0415
-
-    url = f"{settings.api_url.rstrip('/')}/api/slots/{urllib.parse.quote(name, safe='')}/restart"
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    try:
-        key = read_env_file(settings.api_env_file).get(API_KEY_VARIABLE, "")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise errors.ReconcilerError(f"cannot read {settings.api_env_file}: {exc}") from None
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    try:
-        request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")  # noqa: S310 - configured http(s) URL
-    except ValueError as exc:
-        raise errors.ReconcilerError(f"bad api_url {settings.api_url!r}: {exc}") from None
-    try:
-        with urllib.request.urlopen(request, timeout=settings.api_timeout) as response:  # noqa: S310
-            response.read(65536)
-    except urllib.error.HTTPError as exc:
-        detail = _error_detail(exc)
-        raise errors.ReconcilerError(f"hal0 API answered {exc.code} for {url}{detail}") from None
-    except urllib.error.URLError as exc:
-        raise errors.ReconcilerError(f"hal0 API unreachable at {url}: {exc.reason}") from None
-    except TimeoutError:
-        raise ApiNoAnswer(f"hal0 API gave no answer within {settings.api_timeout}s") from None
-    except (OSError, ValueError) as exc:
-        raise errors.ReconcilerError(f"hal0 API call failed at {url}: {exc}") from None
-
-
-def _error_detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        body = exc.read(2048).decode("utf-8", "replace")
-        detail: object = body
-        if body.startswith("{"):
-            doc = json.loads(body)  # hal0: {"error": {"code": ..., "message": ...}}
-            error = doc.get("error")
-            if isinstance(error, dict):
-                detail = f"{error.get('code', '')}: {error.get('message', '')}".strip(": ")
-            else:
-                detail = doc.get("detail", "")
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return f": {str(detail).strip()[:200]}" if detail else ""
-
-
-def stop_unit(settings: Settings, token: str) -> None:
-    """``systemctl stop --no-block`` the slot's unit; raises ReconcilerError with the line."""
-    result = proc.run(
-        [settings.systemctl, "stop", "--no-block", unit_name(token)], timeout=settings.api_timeout
-    )
-    if not result.ok:
-        raise errors.ProcFailed(result.describe())
-
-
 _ASK = object()  # apply_change: the unit's state is not known yet
 
 
 def apply_change(
     settings: Settings, request: RestartRequest, *, active: object = _ASK
 ) -> RestartResult:
-    """Restart one changed slot the hal0 way, else its fallback. Blocks: run it off the loop.
-
-    ``active``: the unit's state when the caller already asked (``active_states`` for a batch).
-    """
-    unit = unit_name(request.token)
+    """One look at one changed slot, for the one-shot verbs: restarted when it is idle now,
+    else DEFERRED (the daemon waits for it; a one-shot verb does not)."""
     if active is _ASK:
         active = is_active(settings, request.token)
-    if active is None:
-        return RestartResult.UNKNOWN_STATE
-    if not active:
-        log.debug("unit.restart_skipped_inactive", slot=request.name, unit=unit)
-        return RestartResult.INACTIVE
-    try:
-        restart_via_api(settings, request.name)
-    except ApiNoAnswer as exc:
-        log.warning("unit.restart_unconfirmed", slot=request.name, unit=unit, error=str(exc))
-        return RestartResult.NO_ANSWER
-    except errors.ReconcilerError as exc:
-        api_error = str(exc)
-    else:
-        log.info("unit.restarted", slot=request.name, unit=unit, via="hal0-api")
-        return RestartResult.RESTARTED
-    if settings.restart_fallback is RestartFallback.NONE:
-        log.warning(
-            "unit.restart_failed",
+    assert active is None or isinstance(active, bool)  # noqa: S101 - the caller's answer
+    result = RestartFlow(settings).step(request, active=active, now=time.monotonic())
+    if isinstance(result, Later):
+        log.info(
+            "unit.restart_not_now",
             slot=request.name,
-            unit=unit,
-            error=api_error,
-            fallback="none",
-            action="restart the slot in hal0 to apply its new device",
+            unit=unit_name(request.token),
+            reason=result.reason,
+            action="the daemon restarts it when it is idle",
         )
-        return RestartResult.FAILED
-    try:
-        stop_unit(settings, request.token)
-    except errors.ReconcilerError as exc:
-        log.error(  # noqa: TRY400 - the human line, no traceback
-            "unit.restart_failed",
-            slot=request.name,
-            unit=unit,
-            error=api_error,
-            stop_error=str(exc),
-        )
-        return RestartResult.FAILED
-    log.warning(
-        "unit.stopped_needs_reload",
-        slot=request.name,
-        unit=unit,
-        error=api_error,
-        action="the slot needs a reload in hal0 (its unit was stopped)",
-    )
-    return RestartResult.STOPPED
+        return RestartResult.DEFERRED
+    return result
 
 
 class _Stop(enum.Enum):
@@ -216,17 +103,18 @@ the slot is stopped or reloaded, or not, and the next start sees its state)."""
 
 
 class Restarter(lifecycle.StartStop):
-    """A small worker thread applying restart requests, rate-limited per slot.
+    """A small worker thread applying restart requests, one at a time, rate-limited per slot.
 
     ``submit`` never blocks. A request for a slot restarted less than ``restart_min_interval``
-    ago waits until its turn; several such requests are one restart. A context manager that
-    stops and joins the thread on exit.
+    ago waits until its turn; several such requests are one restart. A request the flow puts off
+    (``Later``: busy, hal0-api booting, an update running) is looked at again at its due time,
+    without counting as a restart. A context manager that stops and joins the thread on exit;
+    a stop drops a restart in flight (it is confirmed at the next start).
 
     The due times are also kept in a heap of ``(due, token)``, so taking what is due and finding
-    the next due time cost O(log n) per request, whatever the number pending (a flood of
-    deferred restarts is O(n log n), not a scan of every pending request per wake-up). An entry
-    whose token is no longer pending at that due time is stale and skipped; the heap is rebuilt
-    when stale entries outnumber live ones.
+    the next due time cost O(log n) per request, whatever the number pending. An entry whose
+    token is no longer pending at that due time is stale and skipped; the heap is rebuilt when
+    stale entries outnumber live ones.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -239,12 +127,16 @@ class Restarter(lifecycle.StartStop):
         self._stop: _Stop | None = None
         self._busy_since: float | None = None
         self._previous: dict[str, float | None] = {}  # token -> its last action before this one
+        self._flow = RestartFlow(settings)
         self.results: Counter[RestartResult] = Counter()
+        self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
+        self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
         self._thread = threading.Thread(target=self._run, name="hal0-restarter", daemon=True)
 
     def update_settings(self, settings: Settings) -> None:
         with self._cond:
             self._settings = settings
+            self._flow.settings = settings
 
     def submit(self, request: RestartRequest) -> None:
         now = time.monotonic()
@@ -260,20 +152,52 @@ class Restarter(lifecycle.StartStop):
                     due_in=round(due - now, 1),
                     reason="restarted less than restart_min_interval ago",
                 )
-            known = self._pending.get(request.token)
-            self._pending[request.token] = (due, request)
-            if known is None or known[0] != due:
-                heapq.heappush(self._dues, (due, request.token))
-                if len(self._dues) > 2 * len(self._pending) + 64:  # mostly stale: rebuild
-                    self._dues = [(d, t) for t, (d, _) in self._pending.items()]
-                    heapq.heapify(self._dues)
-            self._cond.notify_all()
+            self._put(request, due)
+
+    def _put(self, request: RestartRequest, due: float) -> None:
+        """Pending at ``due`` (replacing an earlier request for the slot). Holds ``_cond``."""
+        known = self._pending.get(request.token)
+        self._pending[request.token] = (due, request)
+        if known is None or known[0] != due:
+            heapq.heappush(self._dues, (due, request.token))
+            if len(self._dues) > 2 * len(self._pending) + 64:  # mostly stale: rebuild
+                self._dues = [(d, t) for t, (d, _) in self._pending.items()]
+                heapq.heapify(self._dues)
+        self._cond.notify_all()
 
     def pending(self) -> dict[str, float]:
         """Slot name → seconds until its restart (0 when it is due or running)."""
         now = time.monotonic()
         with self._cond:
             return {r.name: max(0.0, due - now) for due, r in self._pending.values()}
+
+    def report(self) -> dict[str, object]:
+        """For status: slots waiting (and why), failed restarts (hal0's message), bounds passed."""
+        with self._cond:
+            r = self._flow.report
+            return {
+                "waiting": dict(sorted(r.waiting.items())),
+                "failed": dict(sorted(r.failures.items())),
+                "busy_past_bound": sorted(r.busy_past_bound),
+                "api_unavailable": r.api_unavailable,
+            }
+
+    def problems(self) -> dict[str, str]:
+        """Degraded, not unhealthy: a restart failed, a slot busy past its bound, hal0-api
+        unavailable past its bound (keys for the daemon's problem list)."""
+        with self._cond:
+            r = self._flow.report
+            found: dict[str, str] = {}
+            if r.failures:
+                name = min(r.failures)
+                more = f" (+{len(r.failures) - 1} more)" if len(r.failures) > 1 else ""
+                found["restart-failed"] = f"restart of slot {name} failed: {r.failures[name]}{more}"
+            if r.busy_past_bound:
+                names = ", ".join(sorted(r.busy_past_bound))
+                found["restart-busy"] = f"busy past busy_bound, restart still waiting: {names}"
+            if r.api_unavailable:
+                found["hal0-api"] = f"hal0 API unavailable: {r.api_unavailable}"
+            return found
 
     def busy_for(self) -> float:
         with self._cond:
@@ -283,12 +207,16 @@ class Restarter(lifecycle.StartStop):
         return self._thread.is_alive()
 
     def start(self) -> None:
+        for request in self._flow.take_in_flight():
+            log.info("unit.restart_to_confirm", slot=request.name, unit=unit_name(request.token))
+            self.submit(request)
         self._thread.start()
 
     def stop(self, *, timeout: float = RESTARTER_STOP_WAIT) -> None:
         with self._cond:
             self._stop = _Stop.TOKEN
             self._cond.notify_all()
+        self._flow.abort()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -347,7 +275,9 @@ class Restarter(lifecycle.StartStop):
                         break  # stopping: the rest is not applied (the files are written)
                     self._busy_since = time.monotonic()  # "stuck" is per restart, not per batch
                 try:
-                    result = apply_change(settings, request, active=states.get(request.token))
+                    result = self._flow.step(
+                        request, active=states.get(request.token), now=time.monotonic()
+                    )
                 except Exception:
                     log.exception("unit.restart_crashed", slot=request.name)
                     result = RestartResult.FAILED
@@ -355,13 +285,33 @@ class Restarter(lifecycle.StartStop):
             with self._cond:
                 self._busy_since = None
 
-    def _done(self, request: RestartRequest, result: RestartResult) -> None:
+    def _done(self, request: RestartRequest, result: RestartResult | Later) -> None:
         with self._cond:
-            self.results[result] += 1
             previous = self._previous.pop(request.token, None)
-            if result in {RestartResult.INACTIVE, RestartResult.UNKNOWN_STATE}:
+            nothing_done = isinstance(result, Later) or result in {
+                RestartResult.INACTIVE,
+                RestartResult.UNKNOWN_STATE,
+                RestartResult.NEXT_LOAD,
+                RestartResult.ABANDONED,
+            }
+            if nothing_done:
                 # nothing was done: it does not count against the rate limit
                 if previous is None:
                     self._last.pop(request.token, None)
                 else:
                     self._last[request.token] = previous
+            r = self._flow.report
+            shown = (
+                tuple(sorted(r.waiting.items())),
+                tuple(sorted(r.failures.items())),
+                tuple(sorted(r.busy_past_bound)),
+                r.api_unavailable,
+            )
+            if shown != self._shown:  # what status shows of the restarts changed
+                self._shown = shown
+                self.revision += 1
+            if isinstance(result, Later):
+                if request.token not in self._pending:  # a newer request is due sooner
+                    self._put(request, time.monotonic() + result.delay)
+                return
+            self.results[result] += 1
