@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
-from hal0_reconciler.errors import SettingsError
+from hal0_reconciler.errors import SettingsError, SettingsFileError
 
 _T = TypeVar("_T")
 
@@ -170,20 +170,76 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Settings removed or renamed in a release (dotted name -> what to do instead): a file that
+# still sets one is accepted for one release with a deprecation warning, never refused after an
+# upgrade. A name that is a current setting again is never dropped.
+REMOVED: dict[str, str] = {
+    "aiter.heal_shape_keyed": "it no longer has an effect; delete the line",
+}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``read`` found: the settings, the file they came from (None: no file, defaults),
+    and one warning line per removed setting the file or the command line still sets."""
+
+    settings: Settings
+    path: Path | None
+    deprecated: tuple[str, ...] = ()
+
+
 def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Read settings from ``path`` (default: /etc/hal0/reconciler.toml when it exists).
 
     ``overrides`` (from the command line) win over the file; keys are field names.
     An explicitly given ``path`` must exist. Raises SettingsError naming the bad key.
     """
+    return read(path, overrides).settings
+
+
+def read(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Loaded:
+    """``load`` with what the command line reports: the file read and the deprecated settings.
+
+    Raises SettingsFileError when the file is to blame (missing when named, unreadable, not
+    TOML, a bad key or value: the message starts with its path), SettingsError when only the
+    command line's overrides are (a bad ``--set`` value: a usage error)."""
     raw: dict[str, Any] = {}
+    source: Path | None = None
     if path is None:
         candidate = default_config_path()
         if candidate.is_file():
-            raw = _read_toml(candidate)
+            source, raw = candidate, _read_toml(candidate)
     else:
-        raw = _read_toml(path)
-    _merge(raw, overrides or {})
+        source, raw = path, _read_toml(path)
+    merged = dict(raw)
+    _merge(merged, overrides or {})
+    deprecated = _drop_removed(merged, source)
+    try:
+        built = _validated(merged)
+    except SettingsError as exc:
+        if source is None:
+            raise
+        if overrides:  # blame the file only when it is wrong by itself
+            try:
+                _validated(_without_removed(raw))
+            except SettingsError:
+                pass
+            else:
+                raise
+        raise SettingsFileError(f"{source}: {exc}") from None
+    return Loaded(built, source, deprecated)
+
+
+def without_file(overrides: Mapping[str, Any]) -> Settings:
+    """The defaults and ``overrides`` only: what ``status`` and ``reload`` run on while the
+    settings file is invalid. SettingsError (a usage error) when an override is bad."""
+    raw: dict[str, Any] = {}
+    _merge(raw, overrides)
+    _drop_removed(raw, None)
+    return _validated(raw)
+
+
+def _validated(raw: dict[str, Any]) -> Settings:
     built = _build(Settings, raw, where="")
     if built.settle_cap < built.settle_window:
         raise SettingsError(
@@ -191,6 +247,42 @@ def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -
             f"{built.settle_window:g} (settle_window) to {RANGES['settle_cap'].high:g} seconds"
         )
     return built
+
+
+def _without_removed(raw: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(raw)
+    _drop_removed(copy, None)
+    return copy
+
+
+def _drop_removed(raw: dict[str, Any], source: Path | None) -> tuple[str, ...]:
+    """Take the removed settings out of ``raw`` (tables copied, never changed in place); one
+    warning line for each."""
+    lines: list[str] = []
+    current: set[str] | None = None
+    for name, advice in REMOVED.items():
+        *tables, leaf = name.split(".")
+        holder: Any = raw
+        for table in tables:
+            holder = holder.get(table) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or leaf not in holder:
+            continue
+        current = set(setting_names()) if current is None else current
+        if name in current:
+            continue
+        _pop_copied(raw, [*tables, leaf])
+        where = f" in {source}" if source is not None else ""
+        lines.append(f"setting {name!r}{where} was removed and is ignored: {advice}")
+    return tuple(lines)
+
+
+def _pop_copied(raw: dict[str, Any], keys: list[str]) -> None:
+    if len(keys) == 1:
+        raw.pop(keys[0], None)
+        return
+    inner = dict(raw[keys[0]])
+    raw[keys[0]] = inner
+    _pop_copied(inner, keys[1:])
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
@@ -232,17 +324,18 @@ def _unknown(name: str) -> SettingsError:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's table; SettingsFileError (naming the path) when it cannot be had."""
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise SettingsError(f"{path}: settings file not found") from None
+        raise SettingsFileError(f"{path}: settings file not found") from None
     except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
+        raise SettingsFileError(f"{path}: cannot read the settings file: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise SettingsError(f"{path}: the settings file is not UTF-8 text") from None
+        raise SettingsFileError(f"{path}: the settings file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+        raise SettingsFileError(f"{path}: not valid TOML: {exc}") from None
 
 
 def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:

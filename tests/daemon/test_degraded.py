@@ -85,7 +85,7 @@ def test_a_service_user_that_does_not_exist_is_degraded(host: Host, notify_socke
 def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
     host: Host, notify_socket: Any, tmp_path: Path
 ) -> None:
-    """`resync_interval = 0` in the file on reload: one error line naming key, value and range;
+    """`resync_interval = 0` in the file on reload: one error line naming file, key, value, range;
     the daemon keeps its settings and goes on working."""
     config = tmp_path / "reconciler.toml"
     config.write_text("resync_interval = 120\n")
@@ -102,7 +102,7 @@ def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
         assert 120.0 == d._settings.resync_interval
     failed = next(e for e in logs if e["event"] == "daemon.reload_failed")
     assert (
-        "setting 'resync_interval' = 0 is out of range: allowed 0.5 to 86400 seconds"
+        f"{config}: setting 'resync_interval' = 0 is out of range: allowed 0.5 to 86400 seconds"
         == failed["error"]
     )
     assert "keeping the old settings" == failed["action"]

@@ -182,11 +182,11 @@ def test_once_exits_1_when_a_file_cannot_be_written(
 
 
 def test_bad_setting_is_named(tmp_path: Path) -> None:
-    """An unknown key in the settings file stops the command with the key's name."""
+    """An unknown key in the settings file stops the command with the key's name, exit 78."""
     cfg = tmp_path / "r.toml"
     cfg.write_text("slot_dir = '/x'\n")
     result = cli("plan", "--config", str(cfg))
-    assert 1 == result.returncode
+    assert 78 == result.returncode
     assert "unknown setting 'slot_dir'" in result.stderr
 
 

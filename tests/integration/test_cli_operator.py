@@ -240,7 +240,6 @@ VERBS = [["once"], ["plan"], ["probe"], ["run"], ["status"], ["aiter", "plan"]]
         (["--set", "slot_dir=/x"], "did you mean 'slots_dir'?"),
         (["--set", "aiter.heal=maybe"], "'aiter.heal' has a bad value 'maybe'"),
         (["--set", "aiter.heel=false"], "did you mean 'aiter.heal'?"),
-        (["--config", "/"], "/: cannot read the settings file: Is a directory"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--log-format", "xml"], "invalid choice: 'xml'"),
     ],
@@ -248,8 +247,9 @@ VERBS = [["once"], ["plan"], ["probe"], ["run"], ["status"], ["aiter", "plan"]]
 def test_every_verb_refuses_with_one_prefix_and_no_python_internals(
     verb: list[str], args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`hal0-reconciler: error: ...` for every verb, exit 1 (never 2, which `plan` means as
-    "changes pending"), the human line only. (In-process: each is refused before it runs.)"""
+    """`hal0-reconciler: error: ...` for every verb, exit 1 for a usage error (never 2, which
+    `plan` means as "changes pending"), the human line only. (In-process: each is refused before
+    it runs.)"""
     try:
         code = cli_mod.main([*verb, "--runtime-dir", str(tmp_path), *args])
     except SystemExit as exc:
@@ -420,10 +420,14 @@ def test_every_verb_help_ends_with_its_exit_codes(verb: str) -> None:
 
 def test_the_exit_codes_in_help_are_the_ones_the_code_uses() -> None:
     """The help's numbers are the constants the verbs return."""
-    assert [0, 1, 3] == [c for c, _ in cli_mod._EXITS["once"]]
-    assert [cli_mod.EXIT_OK, cli_mod.EXIT_ERROR, cli_mod.EXIT_PENDING, cli_mod.EXIT_UNJUDGED] == [
-        c for c, _ in cli_mod._EXITS["plan"]
-    ]
+    assert [0, 1, 3, 78] == [c for c, _ in cli_mod._EXITS["once"]]
+    assert [
+        cli_mod.EXIT_OK,
+        cli_mod.EXIT_ERROR,
+        cli_mod.EXIT_PENDING,
+        cli_mod.EXIT_UNJUDGED,
+        cli_mod.EXIT_CONFIG,
+    ] == [c for c, _ in cli_mod._EXITS["plan"]]
     assert [
         status.EXIT_OK,
         status.EXIT_UNHEALTHY,

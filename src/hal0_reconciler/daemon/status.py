@@ -143,21 +143,38 @@ def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any
     return "running", f"running (pid {pid}), healthy", EXIT_OK, snapshot
 
 
-def report_json(settings: Settings, *, now: float | None = None) -> tuple[dict[str, Any], int]:
+def report_json(
+    settings: Settings, *, now: float | None = None, settings_error: str | None = None
+) -> tuple[dict[str, Any], int]:
     """``status --json``: the judged state (what monitoring alerts on) and the daemon's own
-    snapshot (``null`` when there is none)."""
+    snapshot (``null`` when there is none). ``settings_error``: why the settings file on disk
+    is invalid (``null`` when it is valid): the daemon keeps running on the settings it read
+    last, so the exit code stays the daemon's."""
     now = time.time() if now is None else now
     state, head, code, snapshot = _judge(settings, now)
-    return {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}, code
+    doc = {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}
+    return {**doc, "settings_file_error": settings_error}, code
 
 
-def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
-    """A short human report of the daemon's status file, and the exit code for ``status``."""
+def _settings_line(settings_error: str | None) -> list[str]:
+    if settings_error is None:
+        return []
+    return [
+        f"  settings file on disk is invalid: {settings_error}",
+        "    (a running daemon keeps its settings; check with: hal0-reconciler check-config)",
+    ]
+
+
+def report(
+    settings: Settings, *, now: float | None = None, settings_error: str | None = None
+) -> tuple[str, int]:
+    """A short human report of the daemon's status file, and the exit code for ``status``
+    (``settings_error``: see ``report_json``)."""
     now = time.time() if now is None else now
     _state, head, code, snapshot = _judge(settings, now)
-    lines = [f"hal0-reconciler: {head}"]
+    lines = [f"hal0-reconciler: {head}", *_settings_line(settings_error)]
     if snapshot is None:
-        return lines[0], code
+        return "\n".join(lines), code
     last = snapshot.get("last_pass") or {}
     if last:
         lines.append(
