@@ -80,6 +80,7 @@ def _check_sdist(out: Path) -> None:
         "packaging/man/hal0-reconciler.8",
         "packaging/debian/hal0-reconciler.postinst",
         "packaging/debian/hal0-reconciler.postrm",
+        "docs/rule.md",
         "packaging/reconciler.toml.example",
         "tests/run",
         "tests/system/test_in_systemd.py",

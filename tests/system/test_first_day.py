@@ -108,11 +108,11 @@ def test_status_json_answers_while_the_file_on_disk_is_broken(box: nspawn.Contai
     0 (running), says the state, and names the broken file in `settings_file_error`."""
     configure(box, amd_settings())
     wait_until("healthy", lambda: box.run("hal0-reconciler status", check=False).returncode == 0)
-    box.write(CONFIG, settings_text(**amd_settings()) + "demote_grace = 'soon'\n")
+    box.write(CONFIG, settings_text(**amd_settings()) + "probe_timeout = 'soon'\n")
     done = box.run("hal0-reconciler status --json", check=False)
     doc = json.loads(done.stdout)
     assert (0, "running") == (done.returncode, doc["state"])
-    assert doc["settings_file_error"].startswith(f"{CONFIG}: setting 'demote_grace' has a bad")
+    assert doc["settings_file_error"].startswith(f"{CONFIG}: setting 'probe_timeout' has a bad")
     text = box.run("hal0-reconciler status", check=False).stdout
     assert "settings file on disk is invalid" in text
     box.write(CONFIG, settings_text(**amd_settings()))
@@ -154,7 +154,8 @@ def test_etc_hal0_at_0750_gets_no_warning_from_systemd_and_keeps_its_mode(
 
 @pytest.fixture(scope="module")
 def deb_021(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This tree rebuilt as 0.2.1 (version and Debian changelog only), tests skipped."""
+    """This tree rebuilt as 0.2.1 (version and Debian changelog only), tests skipped; from
+    another folder (build-deb builds the tree it is in, wherever it is called from)."""
     tree = tmp_path_factory.mktemp("tree") / "src"
     shutil.copytree(
         REPO,
@@ -174,6 +175,7 @@ def deb_021(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("deb021")
     done = subprocess.run(
         [str(tree / "packaging/build-deb"), str(out)],
+        cwd=out,
         capture_output=True,
         text=True,
         timeout=600,
@@ -181,7 +183,9 @@ def deb_021(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEB_BUILD_OPTIONS": "nocheck"},
     )
     assert 0 == done.returncode, f"build-deb failed:\n{done.stdout}\n{done.stderr}"
-    return Path(done.stdout.strip().splitlines()[-1])
+    built = Path(done.stdout.strip().splitlines()[-1])
+    assert "hal0-reconciler_0.2.1_all.deb" == built.name
+    return built
 
 
 def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(
