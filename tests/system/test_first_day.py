@@ -197,7 +197,7 @@ def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(
     configure(box, amd_settings())
     before = show(box)["MainPID"]
     mine = box.read(CONFIG)
-    after = cursor(box)
+    mark = cursor(box)
     shutil.copy2(deb_021, box.files / deb_021.name)  # type: ignore[attr-defined]
     box.run(f"apt install -y {FILES}/{deb_021.name}", timeout=180)
     after = show(box)
@@ -206,7 +206,7 @@ def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(
     assert mine == box.read(CONFIG)
     prerm = box.read("/var/lib/dpkg/info/hal0-reconciler.prerm")
     assert "deb-systemd-invoke stop" in prerm  # before the unpack, not a restart after it
-    said = systemd_said(box, after)
+    said = systemd_said(box, mark)
     stopped = next(i for i, m in enumerate(said) if m.startswith("Stopped"))
     assert any(m.startswith("Started") for m in said[stopped:]), said
 
