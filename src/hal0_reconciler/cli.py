@@ -37,7 +37,8 @@ EXIT_PENDING = 2
 EXIT_UNJUDGED = 3  # a slot file could not be judged (once, plan): distinct from "pending"
 EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: the settings file is invalid (RestartPreventExitStatus=)
 _CONFIG_EXIT = (EXIT_CONFIG, "the settings file is invalid (the error names the file and the key)")
-JSON_SCHEMA = 1  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+JSON_SCHEMA = 2  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+# (2: one name per lane state, the metrics' own: "not-amd" where 1 said null or "unusable")
 
 # Each verb's exit codes, printed at the end of its --help.
 _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
@@ -251,8 +252,8 @@ def _common_options() -> _Parser:
     group.add_argument(
         "--log-format",
         choices=[f.value for f in settings.LogFormat],
-        help="log lines on stderr: journal under systemd, console on a terminal, else json "
-        "(default auto)",
+        help="log lines on stderr: journal under systemd, else console (human lines; json only "
+        "when asked) (default auto)",
     )
     group.add_argument(
         "--log-level", choices=settings.CHOICES["log_level"], help="least severe level logged"
@@ -448,7 +449,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.error(str(exc))
         return EXIT_ERROR
     current = loaded.settings
-    _log.configure(current.log_format, current.log_level)
+    resolved = _log.configure(current.log_format, current.log_level)
+    if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
+        # its header (and --json's "problems") says them: one place, not also on stderr; the
+        # journal and --log-format json still get the structured event
+        _log.mute("hal0.facts_fallback")
     for line in loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":
@@ -745,7 +750,7 @@ def _plan_table(
 
 def _host_json(facts: HostFacts) -> dict[str, Any]:
     if not facts.amd:
-        return {"amd": False, "rocm_lane": None, "reason": "not an AMD host"}
+        return {"amd": False, "rocm_lane": "not-amd", "reason": "not an AMD host"}
     why = facts.lane_reason if facts.probe is not None else "assumed, not probed"
     return {"amd": True, "rocm_lane": facts.lane.value, "reason": why}
 
@@ -763,7 +768,7 @@ def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read
         "amd": facts.amd,
         "amdgpu_module_dir": str(current.amdgpu_module_dir),
         "hal0": {**_hal0_json(read), "sources": dict(sorted(read.facts.sources.items()))},
-        "rocm_lane": facts.lane.value if facts.amd else None,
+        "rocm_lane": facts.lane.value if facts.amd else "not-amd",
         "reason": facts.lane_reason if facts.amd else "not an AMD host",
         "service_user": None,
         "failures": [],

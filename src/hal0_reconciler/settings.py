@@ -29,7 +29,7 @@ class RestartFallback(enum.StrEnum):
 
 
 class LogFormat(enum.StrEnum):
-    AUTO = "auto"  # journal under systemd (JOURNAL_STREAM), console on a terminal, else json
+    AUTO = "auto"  # journal under systemd (JOURNAL_STREAM), else console (json only if asked)
     CONSOLE = "console"
     JSON = "json"
     JOURNAL = "journal"
@@ -307,6 +307,19 @@ def setting_names(cls: type[Any] = Settings, where: str = "") -> list[str]:
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             names += setting_names(hint, f"{where}{f.name}.")
         else:
+            names.append(where + f.name)
+    return names
+
+
+def changed(old: Any, new: Any, where: str = "") -> list[str]:
+    """The settings whose values differ between two Settings (nested ones dotted), in field
+    order: what a reload says it changed."""
+    names: list[str] = []
+    for f in dataclasses.fields(old):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if dataclasses.is_dataclass(before) and not isinstance(before, type):
+            names += changed(before, after, f"{where}{f.name}.")
+        elif before != after:
             names.append(where + f.name)
     return names
 

@@ -119,3 +119,27 @@ def test_status_json_says_running_before_ready_is_sent(host: Host, notify_socket
     statuses = [m for m in before_ready if m.startswith("STATUS=")]
     assert statuses, messages
     assert "last pass pending" not in statuses[-1], messages
+
+
+def test_a_reload_names_the_file_and_the_settings_it_changed(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    """`daemon.reload_started` and `daemon.reloaded` name the settings file; `reloaded` lists
+    the settings whose values changed (nested ones dotted), "nothing" when none did."""
+    config = tmp_path / "reconciler.toml"
+    config.write_text("resync_interval = 120\n")
+    overrides = host.overrides()
+    del overrides["resync_interval"]
+    settings = host.settings()
+    with capture_logs() as logs, running(settings, config_path=config, overrides=overrides) as d:
+        notify_socket.wait_for("READY=1")
+        config.write_text("resync_interval = 90\n[aiter]\nheal = false\n")
+        d.request_reload()
+        wait_until(lambda: any(e["event"] == "daemon.reloaded" for e in logs))
+        d.request_reload()
+        wait_until(lambda: sum(e["event"] == "daemon.reloaded" for e in logs) == 2)
+    started = [e for e in logs if e["event"] == "daemon.reload_started"]
+    reloaded = [e for e in logs if e["event"] == "daemon.reloaded"]
+    assert [str(config)] * 2 == [e["config"] for e in started]
+    assert [str(config)] * 2 == [e["config"] for e in reloaded]
+    assert [["resync_interval", "aiter.heal"], ["nothing"]] == [e["changed"] for e in reloaded]

@@ -153,7 +153,7 @@ def test_plan_json_has_a_schema_and_null_for_nothing(
     add_unjudgeable_slots(seeded_slots)
     result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable", "--json")
     doc = json.loads(result.stdout)
-    assert cli_mod.JSON_SCHEMA == doc["schema"] == 1
+    assert cli_mod.JSON_SCHEMA == doc["schema"] == 2
     kept = next(s for s in doc["slots"] if s["slot"] == "img")
     assert ("keep", None) == (kept["action"], kept["new"])
     assert [] == [s for s in _strings(doc) if s in {"", "-"}]
@@ -164,20 +164,21 @@ def test_once_json(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
     add_unjudgeable_slots(seeded_slots)
     result = cli("once", *host_args(host_dirs), "--json")
     doc = json.loads(result.stdout)
-    assert (1, 3, 3) == (doc["schema"], doc["exit_code"], result.returncode)
+    assert (2, 3, 3) == (doc["schema"], doc["exit_code"], result.returncode)
     assert (0, 13, 4) == (doc["relabelled"], doc["kept"], doc["problems"])
-    assert {"amd": False, "rocm_lane": None, "reason": "not an AMD host"} == doc["host"]
+    assert {"amd": False, "rocm_lane": "not-amd", "reason": "not an AMD host"} == doc["host"]
     broken = next(s for s in doc["slots"] if s["path"].endswith("broken.toml"))
     assert ("unreadable", None) == (broken["status"], broken["slot"])
     assert [] == [s for s in _strings(doc) if s == ""]
 
 
 def test_probe_json_on_a_non_amd_host(host_dirs: dict[str, Path]) -> None:
-    """`probe --json`: the same verdict as the text, with null where nothing was probed."""
+    """`probe --json`: the same verdict as the text (the lane state's one name, "not-amd"),
+    with null where nothing was probed."""
     result = cli("probe", *host_args(host_dirs), "--json")
     doc = json.loads(result.stdout)
     assert 1 == result.returncode
-    assert {"schema": 1, "amd": False, "rocm_lane": None, "service_user": None} == {
+    assert {"schema": 2, "amd": False, "rocm_lane": "not-amd", "service_user": None} == {
         k: doc[k] for k in ("schema", "amd", "rocm_lane", "service_user")
     }
 
@@ -197,7 +198,7 @@ def test_status_json_when_not_running(tmp_path: Path) -> None:
     """What monitoring reads: the judged state, and null when there is no daemon snapshot."""
     result = cli("status", "--runtime-dir", str(tmp_path), "--json")
     doc = json.loads(result.stdout)
-    assert (3, "not-running", None, 1) == (
+    assert (3, "not-running", None, 2) == (
         result.returncode,
         doc["state"],
         doc["daemon"],
@@ -311,7 +312,9 @@ def test_log_lines_carry_no_none(host_dirs: dict[str, Path], seeded_slots: Path)
     """A field without a value is left out of the log line, not written as None/null."""
     host_dirs["amdgpu_module_dir"].mkdir(parents=True)
     (seeded_slots / "broken.toml").write_text("name = \n")
-    result = cli("once", *host_args(host_dirs), "--user", "no-such-user-here")
+    result = cli(
+        "once", *host_args(host_dirs), "--user", "no-such-user-here", "--log-format", "json"
+    )
     events = [json.loads(line) for line in result.stderr.splitlines()]
     assert events, result.stderr
     assert [] == [e for e in events if None in e.values()]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from hal0_reconciler import cli as cli_mod
 from hal0_reconciler import settings
@@ -22,6 +24,14 @@ BROKEN = {
     "wrong kind": ("watch_dev = 'maybe'\n", "'watch_dev' has a bad value 'maybe'"),
 }
 NEEDS_THE_FILE = [["once"], ["plan"], ["probe"], ["run"], ["check-config"], ["aiter", "plan"]]
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """The in-process command line configures structlog: put the test run's setup back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def run_main(args: list[str]) -> int:
@@ -194,3 +204,40 @@ def test_a_removed_name_that_is_a_setting_again_is_not_dropped(
     config.write_text("demote_grace = 7.0\n")
     loaded = settings.read(config)
     assert (7.0, ()) == (loaded.settings.demote_grace, loaded.deprecated)
+
+
+# --- output that fits pipes ----------------------------------------------------------------------
+
+
+def test_plan_says_a_hal0_fallback_once_in_its_header_not_also_on_stderr(tmp_path: Path) -> None:
+    """Without hal0 installed, `plan 2>&1 | less` shows the fallback in the header only; the
+    structured event is there when JSON logs are asked for."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    args = ["plan", "--slots-dir", str(slots), "--assume-amd", "--assume-rocm=usable"]
+    args += ["--hal0-venv", str(tmp_path / "no-venv"), "--state-dir", str(tmp_path / "state")]
+    args += ["--hal0-release-dir", str(tmp_path / "no-release")]
+    args += ["--hal0-config-file", str(tmp_path / "no-hal0.toml")]
+    plain = cli(*args)
+    assert "hal0 fact fallback" in plain.stdout
+    assert "hal0.facts_fallback" not in plain.stderr
+    logged = cli(*args, "--log-format", "json")
+    events = [json.loads(line)["event"] for line in logged.stderr.splitlines() if line]
+    assert "hal0.facts_fallback" in events
+    assert "hal0 fact fallback" in logged.stdout
+
+
+def test_log_lines_into_a_pipe_are_for_people_unless_json_is_asked(tmp_path: Path) -> None:
+    """stderr not a terminal (a pipe, cron mail): the event as a human line, no escape codes,
+    no JSON; `--log-format json` gives the JSON."""
+    (tmp_path / "amdgpu").mkdir()
+    (tmp_path / "slots").mkdir()
+    args = ["once", "--slots-dir", str(tmp_path / "slots"), "--state-dir", str(tmp_path / "st")]
+    args += ["--amdgpu-module-dir", str(tmp_path / "amdgpu"), "--user", "no-such-user-here"]
+    human = cli(*args).stderr.splitlines()
+    said = [line for line in human if "host.probe_failed" in line]
+    assert 1 == len(said), human
+    assert not said[0].lstrip().startswith("{")
+    assert "\033[" not in "".join(human)
+    logged = cli(*args, "--log-format", "json").stderr.splitlines()
+    assert "host.probe_failed" in [json.loads(line)["event"] for line in logged]

@@ -417,15 +417,23 @@ class Runner:
     def _reload(self) -> bool:
         """SIGHUP: RELOADING=1, new settings, a full pass; False when the settings are bad."""
         self._notifier.reloading()
-        log.info("daemon.reload_started", config=str(self._config_path or "default"))
+        config = str(self._config_path or settings_mod.default_config_path())
+        log.info("daemon.reload_started", config=config)
         try:
-            new = settings_mod.load(self._config_path, self._overrides)
+            loaded = settings_mod.read(self._config_path, self._overrides)
         except ReconcilerError as exc:
             log.error(  # noqa: TRY400 - the human line, no traceback
-                "daemon.reload_failed", error=str(exc), action="keeping the old settings"
+                "daemon.reload_failed",
+                config=config,
+                error=str(exc),
+                action="keeping the old settings",
             )
             return False
+        for line in loaded.deprecated:
+            log.warning("settings.deprecated", message=line, effect="ignored")
+        new = loaded.settings
         old = self._settings
+        changes = settings_mod.changed(old, new)
         if (old.log_format, old.log_level) != (new.log_format, new.log_level):
             used = _log.configure(new.log_format, new.log_level)
             log.info("daemon.logging_changed", log_format=used.value, log_level=new.log_level)
@@ -440,7 +448,7 @@ class Runner:
             self._watcher = self._make_watcher(new)
             self._watcher.start()
         self._queue.add(workqueue.Special.EVERYTHING)
-        log.info("daemon.reloaded")
+        log.info("daemon.reloaded", config=config, changed=changes or ["nothing"])
         return True
 
 

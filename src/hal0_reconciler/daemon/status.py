@@ -19,7 +19,7 @@ from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
-SCHEMA = 1
+SCHEMA = 2  # 2: lane "state" takes the metrics' names (not-amd ...)
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
 
 EXIT_OK = 0
