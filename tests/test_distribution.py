@@ -78,7 +78,9 @@ def _check_sdist(out: Path) -> None:
         "packaging/debian/rules",
         "packaging/build-deb",
         "packaging/man/hal0-reconciler.8",
-        "packaging/sysusers.d/hal0-reconciler.conf",
+        "packaging/debian/hal0-reconciler.postinst",
+        "packaging/debian/hal0-reconciler.postrm",
+        "docs/rule.md",
         "packaging/reconciler.toml.example",
         "tests/run",
         "tests/system/test_in_systemd.py",
@@ -155,7 +157,7 @@ def test_the_man_page_gives_each_verb_exactly_its_exit_codes() -> None:
     for block in exits_part.split(".TP\n")[1:]:
         head, _, text = block.partition("\n")
         flat = " ".join(text.split(".PP")[0].split())
-        codes = re.findall(r"(?:^|; )(\d) ", flat)
+        codes = re.findall(r"(?:^|; )(\d+) ", flat)
         documented[head.removeprefix(".B ").strip()] = {int(c) for c in codes}
     expected = {verb: {code for code, _ in codes} for verb, codes in cli._EXITS.items()}
     assert expected == documented

@@ -6,8 +6,9 @@
   newlines escaped). When the Debian ``systemd`` Python module is importable, the event is sent
   natively instead (same line as MESSAGE, plus EVENT=, SLOT=, PATH= ... fields), so
   ``journalctl -u hal0-reconciler SLOT=agent`` works; not both, or the journal would hold it twice.
-- ``console`` on a terminal: structlog's readable renderer.
-- ``json`` otherwise and for pipelines.
+- ``console`` otherwise (a terminal, a pipe, cron mail): structlog's readable renderer, in
+  colour only on a terminal.
+- ``json`` only when asked for (``--log-format json``), for pipelines.
 
 Terminal output is inert (``console.inert``): a value logged may be a slot file's or hal0's
 text, so the journal line (the native MESSAGE too) and the console renderer's ``key=value``
@@ -79,17 +80,38 @@ def journal_stream_is_stderr(stream: TextIO | None = None) -> bool:
 
 
 def resolve_format(fmt: LogFormat) -> LogFormat:
-    """``auto`` → journal under systemd, console on a terminal, json otherwise."""
+    """``auto`` → journal under systemd, else console: human lines for a person, on a terminal
+    or not (``plan 2>&1 | less``, cron mail); JSON only when asked for."""
     if fmt is not LogFormat.AUTO:
         return fmt
     if journal_stream_is_stderr():
         return LogFormat.JOURNAL
+    return LogFormat.CONSOLE
+
+
+def _tty() -> bool:
     try:
-        if sys.stderr.isatty():
-            return LogFormat.CONSOLE
+        return sys.stderr.isatty()
     except (AttributeError, ValueError):
-        pass
-    return LogFormat.JSON
+        return False
+
+
+_muted: frozenset[str] = frozenset()
+
+
+def mute(*events: str) -> None:
+    """Leave these events out of the log: what a command prints for a person already says them
+    (``plan``'s header shows hal0's fact fallbacks). Set once by the command line."""
+    global _muted  # noqa: PLW0603 - one process-wide switch, set once
+    _muted = frozenset(events)
+
+
+def _drop_muted(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    if _muted and event_dict.get("event") in _muted:
+        import structlog  # noqa: PLC0415 - loaded already: this runs inside it
+
+        raise structlog.DropEvent
+    return event_dict
 
 
 def _value(value: Any) -> str:
@@ -214,7 +236,8 @@ def _structlog() -> Any:
     """structlog, with the configuration given to ``configure`` applied on first import."""
     global _pending  # noqa: PLW0603 - one process-wide logging setup
     if "structlog" not in sys.modules:
-        _import_structlog(console=_pending is not None and _pending[0] is LogFormat.CONSOLE)
+        for_a_person = _pending is not None and _pending[0] is LogFormat.CONSOLE and _tty()
+        _import_structlog(console=for_a_person)
     import structlog  # noqa: PLC0415 - on first use: asyncio and friends cost ~50 ms
 
     if _pending is not None:
@@ -296,6 +319,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
 
     threshold = _LEVELS.get(level.lower(), logging.INFO)
     shared: list[Processor] = [
+        _drop_muted,
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         drop_none,

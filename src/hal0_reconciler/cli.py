@@ -1,16 +1,17 @@
 """The command line: `hal0-reconciler once | plan | probe | run | status | reload | aiter ...`.
 
-Exit codes: 0 success / nothing pending; 1 error (a file could not be written, bad settings or
-usage, the probe found the lane unusable); 2 changes pending (`plan`, like terraform's
--detailed-exitcode); 3 a slot file could not be judged (`once`, `plan`). `status` follows the
-LSB (3 not running, 4 unknown). Each verb's ``--help`` ends with its own table (``_EXITS``).
+Exit codes: 0 success / nothing pending; 1 error (a file could not be written, a usage error
+such as a bad ``--set`` value, the probe found the lane unusable); 2 changes pending (`plan`, like
+terraform's -detailed-exitcode); 3 a slot file could not be judged (`once`, `plan`); 78 the
+settings file is invalid (EX_CONFIG: the unit does not restart on it). `status` never needs the
+settings file and follows the LSB (3 not running, 4 unknown). Each verb's ``--help`` ends with
+its own table (``_EXITS``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hal0_reconciler import __version__, _log, console, held_signals, settings
-from hal0_reconciler.errors import ReconcilerError, SettingsError
+from hal0_reconciler.errors import ReconcilerError, SettingsError, SettingsFileError
 
 if TYPE_CHECKING:  # each verb loads what it runs: `status` needs no host facts, `plan` on an
     # empty folder no engine (see _plan)
@@ -34,7 +35,10 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_PENDING = 2
 EXIT_UNJUDGED = 3  # a slot file could not be judged (once, plan): distinct from "pending"
-JSON_SCHEMA = 1  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: the settings file is invalid (RestartPreventExitStatus=)
+_CONFIG_EXIT = (EXIT_CONFIG, "the settings file is invalid (the error names the file and the key)")
+JSON_SCHEMA = 2  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+# (2: one name per lane state, the metrics' own: "not-amd" where 1 said null or "unusable")
 
 # Each verb's exit codes, printed at the end of its --help.
 _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
@@ -54,18 +58,31 @@ _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
                 "runtime unresolved)"
             ),
         ),
+        _CONFIG_EXIT,
     ),
     "plan": (
         (0, "nothing pending"),
         (1, "error: settings or usage, slots folder missing"),
         (2, "changes pending"),
         (3, "a slot file could not be judged (takes precedence over 2)"),
+        _CONFIG_EXIT,
     ),
     "probe": (
         (0, "the ROCm lane is usable by the service user"),
         (1, "not usable, not an AMD host, or error"),
+        _CONFIG_EXIT,
     ),
-    "run": ((0, "stopped (SIGTERM, SIGINT)"), (1, "could not start")),
+    "run": (
+        (0, "stopped (SIGTERM, SIGINT)"),
+        (1, "could not start"),
+        _CONFIG_EXIT,
+        (75, "/etc/hal0 was re-created: systemd restarts the daemon to see it (EX_TEMPFAIL)"),
+    ),
+    "check-config": (
+        (0, "the settings file is valid (or absent: the defaults apply)"),
+        (1, "usage error (a bad --set value)"),
+        _CONFIG_EXIT,
+    ),
     "status": (
         (0, "running and healthy"),
         (1, "running but degraded or unhealthy, or its status is stale"),
@@ -76,6 +93,7 @@ _EXITS: dict[str, tuple[tuple[int, str], ...]] = {
         (0, "the new settings are live (their first full pass is done)"),
         (1, "refused: the daemon keeps its old settings (the journal says why); or no answer"),
         (3, "not running, or it exited during the reload"),
+        (EXIT_CONFIG, "refused: the settings file on disk is invalid (the old settings stay)"),
     ),
     "aiter plan": (
         (0, "nothing to do"),
@@ -99,6 +117,12 @@ _EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "once": (("hal0-reconciler once --no-restart", "relabel now; restart the slots yourself"),),
     "status": (("hal0-reconciler status --json", "what monitoring reads"),),
     "run": (("systemctl reload hal0-reconciler", "re-read the settings (SIGHUP)"),),
+    "check-config": (
+        (
+            "hal0-reconciler check-config && systemctl restart hal0-reconciler",
+            "restart only with a file the daemon will take",
+        ),
+    ),
 }
 
 # Completion hints for shtab (plain data: shtab is a build-time tool, not imported here).
@@ -228,8 +252,8 @@ def _common_options() -> _Parser:
     group.add_argument(
         "--log-format",
         choices=[f.value for f in settings.LogFormat],
-        help="log lines on stderr: journal under systemd, console on a terminal, else json "
-        "(default auto)",
+        help="log lines on stderr: journal under systemd, else console (human lines; json only "
+        "when asked) (default auto)",
     )
     group.add_argument(
         "--log-level", choices=settings.CHOICES["log_level"], help="least severe level logged"
@@ -332,6 +356,10 @@ def _add_run(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None
     verb("run", "the daemon (systemd Type=notify; SIGHUP re-reads the settings)")
 
 
+def _add_check_config(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
+    verb("check-config", "check the settings file exactly as `run` reads it, then exit")
+
+
 def _add_status(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     status = verb("status", "report on the running daemon from its status file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -355,6 +383,7 @@ _VERBS: dict[str, Callable[[_Verb, Any, argparse.ArgumentParser], None]] = {
     "plan": _add_plan,
     "probe": _add_probe,
     "run": _add_run,
+    "check-config": _add_check_config,
     "status": _add_status,
     "reload": _add_reload,
     "aiter": _add_aiter,
@@ -402,24 +431,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_color:
         console.refuse_colour()
+    broken: str | None = None  # the settings file's error, for the verbs that answer anyway
     try:
         overrides = _overrides(args)
         try:
-            current = settings.load(args.config, overrides)
-        except SettingsError:
-            if args.verb != "reload":
-                raise
-            # `reload` only needs the runtime folder: the daemon judges the new file itself
-            # (and refuses it, keeping its old settings, which `reload` then reports)
-            current = settings.Settings()
-            if args.runtime_dir is not None:
-                current = dataclasses.replace(current, runtime_dir=args.runtime_dir)
+            loaded = settings.read(args.config, overrides)
+        except SettingsFileError as exc:
+            if args.verb not in ("status", "reload"):
+                console.error(str(exc))
+                return EXIT_CONFIG
+            # `status` answers from the status file and `reload` only needs the runtime folder
+            # (the daemon judges the new file itself and keeps its old settings): the defaults
+            # and the command line
+            broken = str(exc)
+            loaded = settings.Loaded(settings.without_file(overrides), None)
     except ReconcilerError as exc:
         console.error(str(exc))
         return EXIT_ERROR
-    _log.configure(current.log_format, current.log_level)
+    current = loaded.settings
+    resolved = _log.configure(current.log_format, current.log_level)
+    if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
+        # its header (and --json's "problems") says them: one place, not also on stderr; the
+        # journal and --log-format json still get the structured event
+        _log.mute("hal0.facts_fallback")
+    for line in loaded.deprecated:
+        _cli_log.warning("settings.deprecated", message=line, effect="ignored")
+    if args.verb == "check-config":
+        return _check_config(loaded)
     try:
-        return _dispatch(args, current, overrides)
+        if broken is not None and args.verb == "status":
+            return _status(args, current, broken=broken)
+        code = _dispatch(args, current, overrides)
     except ReconcilerError as exc:
         console.error(str(exc))
         return EXIT_ERROR
@@ -427,6 +469,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)  # no flush into the closed pipe at exit
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    if broken is not None and code == EXIT_ERROR:  # `reload` refused: the file is why
+        console.error(broken)
+        return EXIT_CONFIG
+    return code
+
+
+def _check_config(loaded: settings.Loaded) -> int:
+    """``check-config``: the file was read exactly as ``run`` reads it (errors exit 78 in
+    ``main``); say what was checked. Deprecation warnings went to the log (stderr)."""
+    if loaded.path is None:
+        print(f"no settings file at {settings.default_config_path()}: the defaults apply")
+    else:
+        print(f"{loaded.path}: valid")
+    return EXIT_OK
 
 
 def _dispatch(
@@ -449,15 +505,7 @@ def _dispatch(
 
         return runner.run(current, config_path=args.config, overrides=overrides, gather=early)
     if verb == "status":
-        from hal0_reconciler.daemon import status
-
-        if args.json:
-            doc, code = status.report_json(current)
-            console.dump_json({"schema": JSON_SCHEMA, **doc})
-            return code
-        text, code = status.report(current)
-        console.say(text)
-        return code
+        return _status(args, current, broken=None)
     if verb == "reload":
         from hal0_reconciler.daemon import status
 
@@ -470,6 +518,19 @@ def _dispatch(
     from hal0_reconciler.aiter import cli as aiter_cli
 
     return aiter_cli.main(args, current)
+
+
+def _status(args: argparse.Namespace, current: settings.Settings, *, broken: str | None) -> int:
+    """``status``: from the daemon's status file; ``broken``: the settings file's error."""
+    from hal0_reconciler.daemon import status
+
+    if args.json:
+        doc, code = status.report_json(current, settings_error=broken)
+        console.dump_json({"schema": JSON_SCHEMA, **doc})
+        return code
+    text, code = status.report(current, settings_error=broken)
+    console.say(text)
+    return code
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -693,7 +754,7 @@ def _plan_table(
 
 def _host_json(facts: HostFacts) -> dict[str, Any]:
     if not facts.amd:
-        return {"amd": False, "rocm_lane": None, "reason": "not an AMD host"}
+        return {"amd": False, "rocm_lane": "not-amd", "reason": "not an AMD host"}
     why = facts.lane_reason if facts.probe is not None else "assumed, not probed"
     return {"amd": True, "rocm_lane": facts.lane.value, "reason": why}
 
@@ -711,7 +772,7 @@ def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read
         "amd": facts.amd,
         "amdgpu_module_dir": str(current.amdgpu_module_dir),
         "hal0": {**_hal0_json(read), "sources": dict(sorted(read.facts.sources.items()))},
-        "rocm_lane": facts.lane.value if facts.amd else None,
+        "rocm_lane": facts.lane.value if facts.amd else "not-amd",
         "reason": facts.lane_reason if facts.amd else "not an AMD host",
         "service_user": None,
         "failures": [],

@@ -11,6 +11,11 @@ class SettingsError(ReconcilerError):
     """The settings file or a command-line override is wrong (names the key)."""
 
 
+class SettingsFileError(SettingsError):
+    """The settings *file* itself is unusable (missing when named, unreadable, not TOML, a bad
+    key or value): exit status 78 (EX_CONFIG), which the unit does not restart on."""
+
+
 class SlotParseError(ReconcilerError):
     """A slot file could not be decoded or parsed as TOML."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
 from hal0_reconciler.boundedread import ReadRefused, read_bounded
-from hal0_reconciler.errors import SettingsError
+from hal0_reconciler.errors import SettingsError, SettingsFileError
 
 _T = TypeVar("_T")
 
@@ -30,7 +30,7 @@ class RestartFallback(enum.StrEnum):
 
 
 class LogFormat(enum.StrEnum):
-    AUTO = "auto"  # journal under systemd (JOURNAL_STREAM), console on a terminal, else json
+    AUTO = "auto"  # journal under systemd (JOURNAL_STREAM), else console (json only if asked)
     CONSOLE = "console"
     JSON = "json"
     JOURNAL = "journal"
@@ -200,14 +200,77 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Settings removed or renamed in a release (dotted name -> what to do instead): a file that
+# still sets one is accepted for one release with a deprecation warning, never refused after an
+# upgrade. A name that is a current setting again is never dropped.
+REMOVED: dict[str, str] = {
+    "aiter.heal_shape_keyed": "it no longer has an effect; delete the line",
+}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``read`` found: the settings, the file they came from (None: no file, defaults),
+    and one warning line per removed setting the file or the command line still sets."""
+
+    settings: Settings
+    path: Path | None
+    deprecated: tuple[str, ...] = ()
+
+
 def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Read settings from ``path`` (default: /etc/hal0/reconciler.toml when it exists).
 
     ``overrides`` (from the command line) win over the file; keys are field names.
     An explicitly given ``path`` must exist. Raises SettingsError naming the bad key.
     """
-    raw = _read_toml(default_config_path(), missing_ok=True) if path is None else _read_toml(path)
-    _merge(raw, overrides or {})
+    return read(path, overrides).settings
+
+
+def read(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Loaded:
+    """``load`` with what the command line reports: the file read and the deprecated settings.
+
+    Raises SettingsFileError when the file is to blame (missing when named, unreadable, not
+    TOML, a bad key or value: the message starts with its path), SettingsError when only the
+    command line's overrides are (a bad ``--set`` value: a usage error)."""
+    raw: dict[str, Any] = {}
+    source: Path | None = None
+    if path is None:
+        candidate = default_config_path()
+        found = _read_toml(candidate, missing_ok=True)
+        if found is not None:
+            source, raw = candidate, found
+    else:
+        source, raw = path, _read_toml(path) or {}
+    merged = dict(raw)
+    _merge(merged, overrides or {})
+    deprecated = _drop_removed(merged, source)
+    try:
+        built = _validated(merged)
+    except SettingsError as exc:
+        if source is None:
+            raise
+        if overrides:  # blame the file only when it is wrong by itself
+            try:
+                _validated(_without_removed(raw))
+            except SettingsError:
+                pass
+            else:
+                raise
+        raise SettingsFileError(f"{source}: {exc}") from None
+    return Loaded(built, source, deprecated)
+
+
+def without_file(overrides: Mapping[str, Any]) -> Settings:
+    """The defaults and ``overrides`` only: what ``status`` and ``reload`` run on while the
+    settings file is invalid. SettingsError (a usage error) when an override is bad."""
+    raw: dict[str, Any] = {}
+    _merge(raw, overrides)
+    _drop_removed(raw, None)
+    return _validated(raw)
+
+
+def _validated(raw: dict[str, Any]) -> Settings:
     built = _build(Settings, raw, where="")
     if built.settle_cap < built.settle_window:
         raise SettingsError(
@@ -215,6 +278,42 @@ def load(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -
             f"{built.settle_window:g} (settle_window) to {RANGES['settle_cap'].high:g} seconds"
         )
     return built
+
+
+def _without_removed(raw: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(raw)
+    _drop_removed(copy, None)
+    return copy
+
+
+def _drop_removed(raw: dict[str, Any], source: Path | None) -> tuple[str, ...]:
+    """Take the removed settings out of ``raw`` (tables copied, never changed in place); one
+    warning line for each."""
+    lines: list[str] = []
+    current: set[str] | None = None
+    for name, advice in REMOVED.items():
+        *tables, leaf = name.split(".")
+        holder: Any = raw
+        for table in tables:
+            holder = holder.get(table) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or leaf not in holder:
+            continue
+        current = set(setting_names()) if current is None else current
+        if name in current:
+            continue
+        _pop_copied(raw, [*tables, leaf])
+        where = f" in {source}" if source is not None else ""
+        lines.append(f"setting {name!r}{where} was removed and is ignored: {advice}")
+    return tuple(lines)
+
+
+def _pop_copied(raw: dict[str, Any], keys: list[str]) -> None:
+    if len(keys) == 1:
+        raw.pop(keys[0], None)
+        return
+    inner = dict(raw[keys[0]])
+    raw[keys[0]] = inner
+    _pop_copied(inner, keys[1:])
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
@@ -243,6 +342,19 @@ def setting_names(cls: type[Any] = Settings, where: str = "") -> list[str]:
     return names
 
 
+def changed(old: Any, new: Any, where: str = "") -> list[str]:
+    """The settings whose values differ between two Settings (nested ones dotted), in field
+    order: what a reload says it changed."""
+    names: list[str] = []
+    for f in dataclasses.fields(old):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if dataclasses.is_dataclass(before) and not isinstance(before, type):
+            names += changed(before, after, f"{where}{f.name}.")
+        elif before != after:
+            names.append(where + f.name)
+    return names
+
+
 def _unknown(name: str) -> SettingsError:
     names = setting_names()
     leaf = name.rpartition(".")[2]
@@ -259,27 +371,28 @@ SETTINGS_MAX_BYTES = 1 << 20
 """The cap on the settings file (the documented example is ~10 KB)."""
 
 
-def _read_toml(path: Path, *, missing_ok: bool = False) -> dict[str, Any]:
+def _read_toml(path: Path, *, missing_ok: bool = False) -> dict[str, Any] | None:
     """The settings file's table: a regular file (a link to one is followed: the operator's),
-    never a FIFO or a device, at most ``SETTINGS_MAX_BYTES``; missing → {} when allowed."""
+    never a FIFO or a device, at most ``SETTINGS_MAX_BYTES``; missing → None when allowed.
+    SettingsFileError (naming the path) when it cannot be had."""
     try:
         data = read_bounded(
             path, max_bytes=SETTINGS_MAX_BYTES, follow_links=True, missing_ok=missing_ok
         )
     except ReadRefused as exc:
         if exc.reason.startswith("missing"):
-            raise SettingsError(f"{path}: settings file not found") from None
-        raise SettingsError(f"{path}: cannot read the settings file: {exc.reason}") from None
+            raise SettingsFileError(f"{path}: settings file not found") from None
+        raise SettingsFileError(f"{path}: cannot read the settings file: {exc.reason}") from None
     if data is None:
-        return {}
+        return None
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise SettingsError(f"{path}: the settings file is not UTF-8 text") from None
+        raise SettingsFileError(f"{path}: the settings file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+        raise SettingsFileError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
-        raise SettingsError(f"{path}: not valid TOML: nested too deeply") from None
+        raise SettingsFileError(f"{path}: not valid TOML: nested too deeply") from None
 
 
 def _build(cls: type[_T], raw: Mapping[str, Any], *, where: str) -> _T:

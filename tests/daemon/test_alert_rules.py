@@ -1,11 +1,10 @@
 """Metrics a fleet can alert on, and the shipped alerting rules checked against the metrics a
-running daemon really writes (and by promtool, when Debian's prometheus package is installed)."""
+running daemon really writes (and by promtool, unpacked from Debian's prometheus package)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -18,6 +17,7 @@ from hal0_reconciler.daemon import metrics, passes
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
+from helpers import promtool as promtool_path
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hosts import REPO
 
@@ -148,9 +148,9 @@ def test_every_metric_the_rules_name_is_one_the_daemon_writes(
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
     """`promtool check rules` and the alert unit tests (each alert fires, and not too soon)."""
-    promtool = shutil.which("promtool")
+    promtool = promtool_path.find()
     if promtool is None:
-        pytest.skip("promtool is absent (Debian: apt-get install prometheus)")
+        pytest.skip(promtool_path.SKIP_REASON)
     for argv in (
         [promtool, "check", "rules", str(RULES)],
         [promtool, "test", "rules", str(RULES_TEST)],

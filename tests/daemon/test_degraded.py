@@ -85,7 +85,7 @@ def test_a_service_user_that_does_not_exist_is_degraded(host: Host, notify_socke
 def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
     host: Host, notify_socket: Any, tmp_path: Path
 ) -> None:
-    """`resync_interval = 0` in the file on reload: one error line naming key, value and range;
+    """`resync_interval = 0` in the file on reload: one error line naming file, key, value, range;
     the daemon keeps its settings and goes on working."""
     config = tmp_path / "reconciler.toml"
     config.write_text("resync_interval = 120\n")
@@ -102,7 +102,7 @@ def test_sighup_with_an_out_of_range_setting_keeps_the_old_settings(
         assert 120.0 == d._settings.resync_interval
     failed = next(e for e in logs if e["event"] == "daemon.reload_failed")
     assert (
-        "setting 'resync_interval' = 0 is out of range: allowed 0.5 to 86400 seconds"
+        f"{config}: setting 'resync_interval' = 0 is out of range: allowed 0.5 to 86400 seconds"
         == failed["error"]
     )
     assert "keeping the old settings" == failed["action"]
@@ -119,3 +119,27 @@ def test_status_json_says_running_before_ready_is_sent(host: Host, notify_socket
     statuses = [m for m in before_ready if m.startswith("STATUS=")]
     assert statuses, messages
     assert "last pass pending" not in statuses[-1], messages
+
+
+def test_a_reload_names_the_file_and_the_settings_it_changed(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    """`daemon.reload_started` and `daemon.reloaded` name the settings file; `reloaded` lists
+    the settings whose values changed (nested ones dotted), "nothing" when none did."""
+    config = tmp_path / "reconciler.toml"
+    config.write_text("resync_interval = 120\n")
+    overrides = host.overrides()
+    del overrides["resync_interval"]
+    settings = host.settings()
+    with capture_logs() as logs, running(settings, config_path=config, overrides=overrides) as d:
+        notify_socket.wait_for("READY=1")
+        config.write_text("resync_interval = 90\n[aiter]\nheal = false\n")
+        d.request_reload()
+        wait_until(lambda: any(e["event"] == "daemon.reloaded" for e in logs))
+        d.request_reload()
+        wait_until(lambda: sum(e["event"] == "daemon.reloaded" for e in logs) == 2)
+    started = [e for e in logs if e["event"] == "daemon.reload_started"]
+    reloaded = [e for e in logs if e["event"] == "daemon.reloaded"]
+    assert [str(config)] * 2 == [e["config"] for e in started]
+    assert [str(config)] * 2 == [e["config"] for e in reloaded]
+    assert [["resync_interval", "aiter.heal"], ["nothing"]] == [e["changed"] for e in reloaded]

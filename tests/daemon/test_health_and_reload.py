@@ -16,16 +16,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from hal0_reconciler.aiter import heal
 from hal0_reconciler.aiter.heal import ProcessScanUnavailable
-from hal0_reconciler.daemon import selfheal, status, workqueue
+from hal0_reconciler.daemon import notify, runner, selfheal, status, workqueue
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.lock_holder import holding_lock
@@ -241,11 +243,39 @@ def test_reload_returns_once_the_new_settings_are_live(host: Host, tmp_path: Pat
             assert (0, "gpu-rocm") == (done.returncode, device_of(slot)), f"after {took:.1f}s"
             config.write_text("slots_dir = 42\n")
             refused = _reload(config, child.pid, runtime_dir)
-            assert 1 == refused.returncode
+            assert 78 == refused.returncode  # the settings file is invalid (EX_CONFIG)
             assert "reload refused" in refused.stderr
+            assert f"{config}: setting 'slots_dir' has a bad value 42" in refused.stderr
             assert child.poll() is None  # still running, on the old settings
         finally:
             child.send_signal(signal.SIGTERM)
             child.wait(timeout=15)
     gone = _reload(config, child.pid, runtime_dir)
     assert 3 == gone.returncode
+
+
+def test_under_systemd_a_read_only_slot_folder_exits_75_for_a_fresh_view(
+    host: Host, notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With INVOCATION_ID (a systemd service), EROFS on slot writes is the sandbox's stale view
+    of a re-created /etc/hal0: one error line that says so, then exit 75, which the unit's
+    RestartForceExitStatus=75 restarts (not a watchdog abort)."""
+    monkeypatch.setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+    settings = host.settings()
+    drop_slot(host.slots, "stuck")
+    daemon = runner.Runner(settings, notifier=notify.from_environment())
+    result: list[int] = []
+    with capture_logs() as logs, read_only(host.slots):
+        thread = threading.Thread(target=lambda: result.append(daemon.serve()), name="test-75")
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():
+            daemon.request_stop()
+            thread.join(10)
+    daemon.close()
+    assert [75] == result
+    asked = [e for e in logs if e["event"] == "daemon.restart_requested"]
+    assert [f"{host.slots.parent} was re-created; restarting to see it"] == [
+        e["message"] for e in asked
+    ]
+    assert "Read-only file system" in asked[0]["problem"]

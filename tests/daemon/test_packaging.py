@@ -1,4 +1,4 @@
-"""The unit file, the sysusers entry and the example settings file."""
+"""The unit file, the maintainer scripts and the example settings file."""
 
 from __future__ import annotations
 
@@ -48,28 +48,42 @@ def test_the_unit_lets_the_aiter_heal_see_every_process() -> None:
     assert any("@debug" in v for v in d["SystemCallFilter"])
 
 
-def test_the_unit_reloads_synchronously_and_owns_etc_hal0() -> None:
-    """ExecReload waits for the daemon; /etc/hal0 exists before the sandbox binds it writable;
-    unprefixed crash output (the watchdog's stack dump) is filed as an error."""
+def test_the_unit_reloads_synchronously_and_makes_etc_hal0_without_changing_it() -> None:
+    """ExecReload waits for the daemon; /etc/hal0 exists before the sandbox binds it writable,
+    made by a mkdir that leaves an existing folder's mode alone (no ConfigurationDirectory=,
+    whose mode check warns at every start where hal0 keeps it 0750); unprefixed crash output
+    (the watchdog's stack dump) is filed as an error."""
     d = _directives()
     assert [["/usr/bin/hal0-reconciler", "reload", "--pid", "$MAINPID"]] == [
         v.split() for v in d["ExecReload"]
     ]
-    assert ["hal0"] == d["ConfigurationDirectory"]
+    assert ["+/bin/mkdir -p -m 0755 /etc/hal0"] == d["ExecStartPre"]
+    assert set() == {"ConfigurationDirectory", "ConfigurationDirectoryMode"} & set(d)
     assert "-/etc/hal0" in d["ReadWritePaths"][0].split()
     assert ["err"] == d["SyslogLevel"]
 
 
+def test_a_config_error_is_not_retried_and_a_fresh_view_is_restarted() -> None:
+    """Exit 78 (invalid settings file) does not burn the start limit; exit 75 (asked for a
+    fresh sandbox) is always restarted; the documentation is the man page."""
+    d = _directives()
+    assert (["78"], ["75"]) == (d["RestartPreventExitStatus"], d["RestartForceExitStatus"])
+    assert ["man:hal0-reconciler(8) man:hal0-reconciler.toml(5)"] == d["Documentation"]
+    for page in ("hal0-reconciler.8", "hal0-reconciler.toml.5"):
+        assert (REPO / "packaging/man" / page).is_file()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
-    """systemd-analyze verify prints nothing (ExecStart points at a stub of the same shape)."""
+    """systemd-analyze verify prints nothing (ExecStart points at a stub of the same shape;
+    --man=no: the Documentation= pages are the package's, checked against packaging/man/)."""
     stub = tmp_path / "hal0-reconciler"
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
     unit = tmp_path / UNIT.name
     unit.write_text(UNIT.read_text().replace("/usr/bin/hal0-reconciler", str(stub)))
     done = subprocess.run(
-        ["systemd-analyze", "verify", str(unit)],
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -116,21 +130,13 @@ def test_security_exposure_stays_at_its_measured_level(tmp_path: Path) -> None:
     assert exposure <= 2.9, last
 
 
-@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="no systemd-sysusers")
-def test_sysusers_entry_creates_only_the_hal0_user(tmp_path: Path) -> None:
-    """The sysusers entry makes user and group hal0 in an empty root, and no group membership."""
-    (tmp_path / "etc").mkdir()
-    entry = REPO / "packaging/sysusers.d/hal0-reconciler.conf"
-    done = subprocess.run(
-        ["systemd-sysusers", f"--root={tmp_path}", str(entry)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert 0 == done.returncode, done.stderr
-    passwd = (tmp_path / "etc/passwd").read_text()
-    group = (tmp_path / "etc/group").read_text()
-    assert ["hal0"] == [line.split(":")[0] for line in passwd.splitlines()]
-    assert ["hal0"] == [line.split(":")[0] for line in group.splitlines()]
-    assert group.splitlines()[0].endswith(":")  # no members added
+def test_the_package_leaves_the_hal0_account_to_hal0() -> None:
+    """No sysusers entry and no maintainer script makes a user: hal0's installer creates its
+    own account (the default probe runs as root; a missing configured user is reported)."""
+    debian = REPO / "packaging/debian"
+    assert [] == sorted(p.name for p in debian.iterdir() if "sysusers" in p.name)
+    assert not (REPO / "packaging/sysusers.d").exists()
+    scripts = [p for p in debian.iterdir() if p.suffix in {".postinst", ".preinst", ".postrm"}]
+    assert scripts
+    for script in scripts:
+        assert not {"useradd", "adduser", "systemd-sysusers"} & set(script.read_text().split())

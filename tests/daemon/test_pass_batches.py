@@ -135,13 +135,13 @@ def test_a_probe_that_finds_other_facts_is_published(tmp_path: Path) -> None:
     """Host facts that changed (even with no slot to reconcile) move the revision the main loop
     republishes status.json on, and status.json shows them; the same facts move nothing."""
     bench = Bench(tmp_path)
-    bench.facts = HostFacts(amd=False, lane=LaneState.USABLE)
+    bench.facts = HostFacts(amd=True, lane=LaneState.USABLE)
     bench.full()
     sources = publish.Sources(bench.passes, None, {}, bench.selfheal, 0.0)
     revision = bench.passes.progress.revision
     bench.probe()
     assert revision == bench.passes.progress.revision, "the same facts were published again"
-    bench.facts = HostFacts(amd=False, lane=LaneState.UNUSABLE)
+    bench.facts = HostFacts(amd=True, lane=LaneState.UNUSABLE)
     bench.probe()
     assert revision != bench.passes.progress.revision, "other host facts were not published"
     snapshot, _ = publish.compose(sources, [], ready=True)

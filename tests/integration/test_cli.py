@@ -122,7 +122,7 @@ def test_once_applies_then_converges_silently(
 ) -> None:
     """`once` relabels with the real probe; a second `once` changes nothing and logs nothing."""
     make_usable_lane(host_dirs)
-    first = cli("once", *host_args(host_dirs))
+    first = cli("once", *host_args(host_dirs), "--log-format", "json")
     assert 0 == first.returncode, first.stderr
     events = [json.loads(line)["event"] for line in first.stderr.splitlines()]
     assert ["slot.relabeled"] * 7 == events
@@ -173,6 +173,8 @@ def test_once_exits_1_when_a_file_cannot_be_written(
         *host_args(host_dirs),
         "--lock-file",
         str(host_dirs["slots_dir"] / "no-such-dir" / "x.lock"),
+        "--log-format",
+        "json",
     )
     assert 1 == result.returncode
     assert {"slot.write_failed"} == {
@@ -182,11 +184,11 @@ def test_once_exits_1_when_a_file_cannot_be_written(
 
 
 def test_bad_setting_is_named(tmp_path: Path) -> None:
-    """An unknown key in the settings file stops the command with the key's name."""
+    """An unknown key in the settings file stops the command with the key's name, exit 78."""
     cfg = tmp_path / "r.toml"
     cfg.write_text("slot_dir = '/x'\n")
     result = cli("plan", "--config", str(cfg))
-    assert 1 == result.returncode
+    assert 78 == result.returncode
     assert "unknown setting 'slot_dir'" in result.stderr
 
 
@@ -197,7 +199,9 @@ def test_a_probe_that_cannot_run_demotes_nothing(
     1 (the pass could not do its job)."""
     host_dirs["amdgpu_module_dir"].mkdir(parents=True)
     before = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
-    result = cli("once", *host_args(host_dirs), "--user", "no-such-user-here")
+    result = cli(
+        "once", *host_args(host_dirs), "--user", "no-such-user-here", "--log-format", "json"
+    )
     assert 1 == result.returncode, result.stderr
     events = [json.loads(line) for line in result.stderr.splitlines()]
     assert ["host.probe_failed"] == [e["event"] for e in events]
@@ -298,6 +302,8 @@ def test_a_slot_hal0_could_not_run_is_reported_never_named_to_systemctl_or_the_a
             f"systemctl={systemctl.path}",
             "--set",
             f"api_url={api.url}",
+            "--log-format",
+            "json",
         )
     assert 0 == result.returncode, result.stderr
     assert 'device = "gpu-rocm"' in (host_dirs["slots_dir"] / "odd.toml").read_text()

@@ -120,6 +120,12 @@ def journal_entries(box: nspawn.Container, args: str) -> list[dict[str, str]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def watchdog_timeouts(box: nspawn.Container) -> int:
+    """How often systemd has said the unit's watchdog fired, in this boot."""
+    said = journal_entries(box, f"-u {UNIT} _PID=1")
+    return sum("Watchdog timeout" in str(e.get("MESSAGE")) for e in said)
+
+
 def invocation(box: nspawn.Container) -> str:
     return show(box)["InvocationID"]
 
@@ -127,20 +133,24 @@ def invocation(box: nspawn.Container) -> str:
 # --- 0. the package ------------------------------------------------------------------------------
 
 
-def test_the_package_installs_enables_starts_and_creates_the_user(box: nspawn.Container) -> None:
-    """apt install: the command in /usr/bin, the unit enabled and started, the hal0 user made
-    (sysusers applied in postinst), the man pages, the example settings, the alerting rules and
-    the shell completions in place."""
+def test_the_package_installs_enables_starts_and_leaves_the_hal0_user_to_hal0(
+    box: nspawn.Container,
+) -> None:
+    """apt install: the command in /usr/bin, the unit enabled and started, no hal0 account made
+    (hal0's installer makes its own), the commented settings template as
+    /etc/hal0/reconciler.toml, the man pages, the example settings, the alerting rules, the
+    dashboard and the shell completions in place."""
     assert "enabled" == box.run(f"systemctl is-enabled {UNIT}").stdout.strip()
     assert "active" == box.run(f"systemctl is-active {UNIT}").stdout.strip()
-    assert box.run("getent passwd hal0").stdout.startswith("hal0:")
+    assert 0 != box.run("getent passwd hal0", check=False).returncode
+    box.run("cmp /usr/share/hal0-reconciler/reconciler.toml /etc/hal0/reconciler.toml")
     assert "/usr/bin/hal0-reconciler run" in show(box)["ExecStart"]
     for path in (
         "/usr/share/man/man8/hal0-reconciler.8.gz",
         "/usr/share/man/man5/hal0-reconciler.toml.5.gz",
         "/usr/share/doc/hal0-reconciler/examples/reconciler.toml.example",
         "/usr/share/doc/hal0-reconciler/copyright",
-        "/usr/lib/sysusers.d/hal0-reconciler.conf",
+        "/usr/share/hal0-reconciler/reconciler.toml",
         "/usr/share/doc/hal0-reconciler/examples/hal0-reconciler.rules.yml",
         "/usr/share/bash-completion/completions/hal0-reconciler",
         "/usr/share/zsh/vendor-completions/_hal0-reconciler",
@@ -556,34 +566,30 @@ def test_etc_hal0_absent_at_start_is_created_writable(box: nspawn.Container) -> 
     assert (0, True) == (healthy.returncode, "healthy" in healthy.stdout.splitlines()[0])
 
 
-def test_etc_hal0_recreated_while_running_is_unhealthy_then_healed_by_a_restart(
+def test_etc_hal0_recreated_while_running_exits_75_and_is_restarted_with_a_fresh_view(
     box: nspawn.Container,
 ) -> None:
-    """The service's view of a re-created /etc/hal0 is read-only: slot writes fail with EROFS.
-    It says so (status exits 1, STATUS=, a warning) and stops WATCHDOG=1; systemd restarts it
-    with a fresh view and the slot is written."""
+    """The service's view of a re-created /etc/hal0 is read-only: the first slot write fails
+    with EROFS, the daemon says so in one clear line and exits 75, and systemd restarts it at
+    once (RestartForceExitStatus=75) with a fresh view: the slot is written. No watchdog
+    abort, no stack dump."""
     configure(box, amd_settings())
     restarts = int(show(box)["NRestarts"])
     since = invocation(box)
+    watchdog_kills = watchdog_timeouts(box)
     config = box.read("/etc/hal0/reconciler.toml")
     box.run(f"rm -rf /etc/hal0 && mkdir -p {SLOTS}")
     box.write("/etc/hal0/reconciler.toml", config)
     box.write(f"{SLOTS}/reborn.toml", slot_text("reborn"))
-    wait_until("StatusText to say unhealthy", lambda: "UNHEALTHY" in show(box)["StatusText"], 15)
-    assert "slot writes fail" in show(box)["StatusText"]
-    unhealthy = box.run("hal0-reconciler status", check=False)
-    assert 1 == unhealthy.returncode
-    assert "unhealthy" in unhealthy.stdout.splitlines()[0]
-    assert "Read-only file system" in unhealthy.stdout
-    warned = journal_entries(box, f"-u {UNIT} -p warning _SYSTEMD_INVOCATION_ID={since}")
-    assert any("Read-only file system" in str(e.get("MESSAGE")) for e in warned)
-    assert "gpu-vulkan" == device_of(box, "reborn")
     wait_until(
         "a restart and the slot written",
         lambda: device_of(box, "reborn") == "gpu-rocm",
-        80,
+        60,
     )
     assert int(show(box)["NRestarts"]) > restarts
+    said = journal_entries(box, f"-u {UNIT} -p err _SYSTEMD_INVOCATION_ID={since}")
+    assert any("/etc/hal0 was re-created; restarting to see it" in str(e) for e in said)
+    assert watchdog_kills == watchdog_timeouts(box)
     wait_until(
         "healthy again", lambda: box.run("hal0-reconciler status", check=False).returncode == 0
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from hal0_reconciler import __version__
 from hal0_reconciler.daemon import passes, selfheal, status, statusjson, watch
+from hal0_reconciler.model import LaneState
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,13 @@ def compose(
         count = len(p.slots)
     lane_text = "unknown"
     if facts is not None:
-        lane_text = "not an AMD host" if not facts.amd else f"rocm lane {facts.lane.value}"
+        state = passes.lane_metric_state(facts)  # one name per state: the metrics' own
+        lane_text = "not an AMD host" if not facts.amd else f"rocm lane {state}"
         snapshot["lane"] = {
             "amd": facts.amd,
-            "state": facts.lane.value,
-            "reason": facts.lane_reason,
+            "state": state,
+            "within_grace": facts.lane is LaneState.UNSETTLED,  # unusable, not yet demoting
+            "reason": facts.lane_reason if facts.amd else "not an AMD host",
         }
         credentials = facts.probe.credentials if facts.probe is not None else None
         if credentials is not None:

@@ -49,6 +49,7 @@ Stats = passes.Stats
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_FRESH_VIEW = 75  # EX_TEMPFAIL: restart me (the unit's RestartForceExitStatus=75)
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
 SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
@@ -219,16 +220,16 @@ class Runner:
             with self._restarter, passes.Worker(self._queue, self._passes.process) as worker:
                 self._watcher.start()
                 self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
-                self._loop(worker)  # waiting for a settle window: nothing is in flux yet
+                code = self._loop(worker)  # waiting for a settle window: nothing in flux yet
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
             with contextlib.suppress(OSError):
                 status.status_path(self._settings).unlink()
         log.info("daemon.stopped")
-        return EXIT_OK
+        return code
 
-    def _loop(self, worker: passes.Worker) -> None:  # noqa: PLR0915 - reads best whole
+    def _loop(self, worker: passes.Worker) -> int:  # noqa: PLR0915 - reads best whole
         ready_after: int | None = 1  # READY=1 once this many full passes are done
         next_ping = self._clock.monotonic()
         next_status = 0.0
@@ -254,7 +255,7 @@ class Runner:
             if self._stop_requested:
                 self._notifier.stopping()
                 log.info("daemon.stopping")
-                return
+                return EXIT_OK
             now = self._clock.monotonic()
             if self._reload_requested:
                 self._reload_requested = False
@@ -320,9 +321,31 @@ class Runner:
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
                 memory.resume()  # the start's garbage, collected now that READY is out
+            if self._stale_view():
+                self._notifier.stopping()
+                return EXIT_FRESH_VIEW
             if interval is not None and not problems and now >= next_ping:
                 self._notifier.watchdog()
                 next_ping = now + interval
+
+    def _stale_view(self) -> bool:
+        """Under systemd (``INVOCATION_ID``), slot writes failing with EROFS mean the sandbox's
+        view of a re-created /etc/hal0 (``ProtectSystem=strict`` binds only the folder that
+        existed at start writable): exit 75 and let systemd restart with a fresh view, said as
+        such, not as a watchdog abort. Elsewhere a read-only folder only makes it unhealthy."""
+        if not os.environ.get("INVOCATION_ID"):
+            return False
+        with self._passes.lock:
+            problem = self._passes.progress.problems.get("writes-read-only")
+        if problem is None:
+            return False
+        log.error(
+            "daemon.restart_requested",
+            message=f"{self._settings.slots_dir.parent} was re-created; restarting to see it",
+            problem=problem,
+            exit_status=EXIT_FRESH_VIEW,
+        )
+        return True
 
     def _health(self, worker: passes.Worker, now: float) -> list[str]:
         """Why the daemon is not healthy (empty: healthy)."""
@@ -399,15 +422,23 @@ class Runner:
     def _reload(self) -> bool:
         """SIGHUP: RELOADING=1, new settings, a full pass; False when the settings are bad."""
         self._notifier.reloading()
-        log.info("daemon.reload_started", config=str(self._config_path or "default"))
+        config = str(self._config_path or settings_mod.default_config_path())
+        log.info("daemon.reload_started", config=config)
         try:
-            new = settings_mod.load(self._config_path, self._overrides)
+            loaded = settings_mod.read(self._config_path, self._overrides)
         except ReconcilerError as exc:
             log.error(  # noqa: TRY400 - the human line, no traceback
-                "daemon.reload_failed", error=str(exc), action="keeping the old settings"
+                "daemon.reload_failed",
+                config=config,
+                error=str(exc),
+                action="keeping the old settings",
             )
             return False
+        for line in loaded.deprecated:
+            log.warning("settings.deprecated", message=line, effect="ignored")
+        new = loaded.settings
         old = self._settings
+        changes = settings_mod.changed(old, new)
         if (old.log_format, old.log_level) != (new.log_format, new.log_level):
             used = _log.configure(new.log_format, new.log_level)
             log.info("daemon.logging_changed", log_format=used.value, log_level=new.log_level)
@@ -422,7 +453,7 @@ class Runner:
             self._watcher = self._make_watcher(new)
             self._watcher.start()
         self._queue.add(workqueue.Special.EVERYTHING)
-        log.info("daemon.reloaded")
+        log.info("daemon.reloaded", config=config, changed=changes or ["nothing"])
         return True
 
 

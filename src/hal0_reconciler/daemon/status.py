@@ -20,7 +20,7 @@ from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
-SCHEMA = 1
+SCHEMA = 2  # 2: lane "state" takes the metrics' names (not-amd ...)
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
 MAX_BYTES = 64 << 20
 """The cap on status.json read back (a slot's entry is ~300 bytes: 200,000 slots fit)."""
@@ -148,24 +148,41 @@ def _judge(settings: Settings, now: float) -> tuple[str, str, int, dict[str, Any
     return "running", f"running (pid {pid}), healthy", EXIT_OK, snapshot
 
 
-def report_json(settings: Settings, *, now: float | None = None) -> tuple[dict[str, Any], int]:
+def report_json(
+    settings: Settings, *, now: float | None = None, settings_error: str | None = None
+) -> tuple[dict[str, Any], int]:
     """``status --json``: the judged state (what monitoring alerts on) and the daemon's own
-    snapshot (``null`` when there is none)."""
+    snapshot (``null`` when there is none). ``settings_error``: why the settings file on disk
+    is invalid (``null`` when it is valid): the daemon keeps running on the settings it read
+    last, so the exit code stays the daemon's."""
     now = time.time() if now is None else now
     state, head, code, snapshot = _judge(settings, now)
-    return {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}, code
+    doc = {"state": state, "summary": head, "exit_code": code, "daemon": snapshot}
+    return {**doc, "settings_file_error": settings_error}, code
 
 
-def report(settings: Settings, *, now: float | None = None) -> tuple[str, int]:
-    """A short human report of the daemon's status file, and the exit code for ``status``.
+def _settings_line(settings_error: str | None) -> list[str]:
+    if settings_error is None:
+        return []
+    return [
+        f"  settings file on disk is invalid: {settings_error}",
+        "    (a running daemon keeps its settings; check with: hal0-reconciler check-config)",
+    ]
+
+
+def report(
+    settings: Settings, *, now: float | None = None, settings_error: str | None = None
+) -> tuple[str, int]:
+    """A short human report of the daemon's status file, and the exit code for ``status``
+    (``settings_error``: see ``report_json``).
 
     Slot names, reasons and problems are the slot files' and hal0's text: each is shown inert
     (``console.inert``), so none can move the cursor, erase a row or start a new line."""
     now = time.time() if now is None else now
     _state, head, code, snapshot = _judge(settings, now)
-    lines = [f"hal0-reconciler: {head}"]
+    lines = [f"hal0-reconciler: {head}", *_settings_line(settings_error)]
     if snapshot is None:
-        return lines[0], code
+        return "\n".join(lines), code
     inert = console.inert
     last = snapshot.get("last_pass") or {}
     if last:
