@@ -27,8 +27,11 @@ from hal0_reconciler.aiter import cli, monitor, plan
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.attacker import Attacker, Tally
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aiter"))
+import tablegen  # tests/aiter is not on the path from this folder
+
 REPO = Path(__file__).resolve().parents[2]
-DATA_CONFIGS = REPO / "tests" / "aiter" / "data" / "configs"
+DATA_CONFIGS = tablegen.WRITTEN_CONFIGS  # tables of the suite's own making
 BPS_CK = "module_gemm_a8w8_blockscale_bpreshuffle"
 BPS_VAR = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE"
 SHADOW_LINE = "root:$6$hal0secretsalt$DoNotEverPrintThisHash0123456789:19700:0:99999:7:::"

@@ -168,13 +168,13 @@ def test_a_demotion_record_that_is_a_fifo_leaves_plan_answering(
 def test_a_settings_file_that_is_a_fifo_is_a_one_line_error(
     attacker: Attacker, attacks: Tally, tmp_path: Path
 ) -> None:
-    """--config naming a FIFO: one error line naming it, exit 1, no hang."""
+    """--config naming a FIFO: one error line naming it, exit 78 (the settings), no hang."""
     fifo = tmp_path / "conf/reconciler.toml"
     fifo.parent.mkdir()
     plant_fifo(fifo, attacker)
     attacks.tried("settings fifo")
     result = run_cli("plan", "--config", str(fifo), home=tmp_path)
-    assert 1 == result.returncode
+    assert 78 == result.returncode
     expected = f"{fifo}: cannot read the settings file: a FIFO, not a regular file"
     assert [f"hal0-reconciler: error: {expected}"] == result.stderr.splitlines()
     attacks.held("settings fifo")
@@ -189,7 +189,7 @@ def test_a_fifo_at_the_default_settings_path_is_refused_loudly(
     plant_fifo(fifo, attacker)
     attacks.tried("settings fifo")
     result = run_cli("plan", *host_args(host_dirs), home=tmp_path)
-    assert 1 == result.returncode, result.stdout
+    assert 78 == result.returncode, result.stdout
     expected = f"{fifo}: cannot read the settings file: a FIFO, not a regular file"
     assert [f"hal0-reconciler: error: {expected}"] == result.stderr.splitlines()
     attacks.held("settings fifo")
@@ -202,7 +202,7 @@ def test_a_huge_settings_file_is_refused_by_its_cap(attacks: Tally, tmp_path: Pa
         fh.truncate(16 << 20)
     attacks.tried("settings huge")
     result = run_cli("plan", "--config", str(big), home=tmp_path)
-    assert 1 == result.returncode
+    assert 78 == result.returncode
     assert "larger than the 1048576-byte limit (16777216 bytes)" in result.stderr
     attacks.held("settings huge")
 
