@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,9 @@ from hal0_reconciler.aiter import routing, tables
 from helpers import nspawn
 from helpers.hosts import REPO
 from helpers.nspawn import DEV, FILES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aiter"))
+import tablegen  # tests/aiter is not on the path from this folder
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -226,10 +230,37 @@ def test_a_vulkan_slot_is_relabelled_and_demoted_with_a_warning_selected_by_slot
 # --- 3. restarts through hal0's API, and the fallback ------------------------------------------------
 
 FAKE_API = r'''#!/usr/bin/python3
-"""A stand-in for hal0-api: POST /api/slots/{name}/restart restarts hal0-slot@{name}."""
+"""A stand-in for hal0-api as the contract describes it: /api/health, a slot's /state (active
+units are ready), /api/slots/metrics (counters present and 0: idle), and a synchronous
+POST /api/slots/{name}/restart that restarts hal0-slot@{name} and answers its state."""
 import http.server, json, subprocess, urllib.parse
 
+def active(name):
+    unit = f"hal0-slot@{name}.service"
+    return subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
+
 class Handler(http.server.BaseHTTPRequestHandler):
+    def answer(self, code, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        parts = self.path.split("?")[0].split("/")
+        if self.path == "/api/health":
+            return self.answer(200, {"status": "ok"})
+        if parts[1:4] == ["api", "slots", "metrics"]:
+            return self.answer(200, {n: {"name": n, "requests_processing": 0, "requests_deferred": 0}
+                                     for n in ("chat", "voice")})
+        if len(parts) >= 4 and parts[1:3] == ["api", "slots"]:
+            name = urllib.parse.unquote(parts[3])
+            state = "ready" if active(name) else "offline"
+            return self.answer(200, {"name": name, "state": state, "metadata": {"message": ""}})
+        return self.answer(404, {"error": {"code": "not_found", "message": self.path}})
+
     def do_POST(self):
         parts = self.path.split("/")
         if len(parts) == 5 and parts[1:3] == ["api", "slots"] and parts[4] == "restart":
@@ -237,16 +268,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with open("/run/fake-hal0-api.log", "a") as log:
                 log.write(name + "\n")
             subprocess.run(["systemctl", "restart", f"hal0-slot@{name}.service"], check=False)
-            body, code = json.dumps({"ok": True}).encode(), 200
-        else:
-            body, code = json.dumps({"error": {"code": "not_found", "message": self.path}}).encode(), 404
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            return self.answer(200, {"name": name, "state": "ready"})
+        return self.answer(404, {"error": {"code": "not_found", "message": self.path}})
 
-http.server.HTTPServer(("127.0.0.1", 8080), Handler).serve_forever()
+http.server.ThreadingHTTPServer(("127.0.0.1", 8080), Handler).serve_forever()
 '''
 SLOT_UNIT = """[Unit]
 Description=stand-in for a hal0 slot %i
@@ -267,11 +292,10 @@ def test_an_active_slot_is_restarted_through_the_api_and_stopped_when_it_is_down
 ) -> None:
     box.write("/usr/local/bin/fake-hal0-api", FAKE_API, mode="0755")
     box.write("/etc/systemd/system/hal0-slot@.service", SLOT_UNIT)
-    box.write("/etc/systemd/system/fake-hal0-api.service", API_UNIT)
-    box.run(
-        "systemctl daemon-reload && systemctl start fake-hal0-api hal0-slot@chat hal0-slot@voice"
-    )
-    configure(box, amd_settings())
+    box.write("/etc/systemd/system/hal0-api.service", API_UNIT)
+    box.run("systemctl daemon-reload && systemctl start hal0-api hal0-slot@chat hal0-slot@voice")
+    # the stop fallback is the operator's opt-in; hal0-api down for 2 s counts as down
+    configure(box, amd_settings(restart_fallback="stop", api_wait_bound=2.0, idle_confirm=0.0))
     wait_until(
         "the fake API to listen",
         lambda: (
@@ -292,7 +316,7 @@ def test_an_active_slot_is_restarted_through_the_api_and_stopped_when_it_is_down
     assert "chat" in box.read("/run/fake-hal0-api.log").split()
     assert "active" == show(box, "hal0-slot@chat")["ActiveState"]
 
-    box.run("systemctl stop fake-hal0-api")
+    box.run("systemctl stop hal0-api")
     since = invocation(box)
     box.write(f"{SLOTS}/voice.toml", slot_text("voice"))
     wait_until(
@@ -420,8 +444,9 @@ ExecStart=/usr/local/bin/ninja infinity
 
 
 def _aiter_files(into: Path) -> None:
-    """Real tables (tests/aiter/data) and gcc-built modules: one healthy, one three names short."""
-    configs = REPO / "tests/aiter/data/configs"
+    """The suite's own tables (tests/aiter/tablegen.py) and gcc-built modules: one healthy, one
+    three names short."""
+    configs = tablegen.WRITTEN_CONFIGS
     shutil.copytree(configs, into / "configs")
     text = (REPO / "src/hal0_reconciler/aiter/routing.toml").read_text()
     rules = routing.parse_routing(text)
