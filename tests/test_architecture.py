@@ -29,6 +29,7 @@ PURE = [
     "aiter/routing.py",
     "aiter/plan.py",
     "aiter/rules.py",
+    "aiter/whose.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk
 IO_MODULES = {

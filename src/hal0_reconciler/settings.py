@@ -70,6 +70,9 @@ class AiterSettings:
     routing_file: Path | None = None  # operator override of the shipped routing data
     kfd_topology_dir: Path = Path("/sys/class/kfd/kfd/topology/nodes")
     settle_window: float = 2.0
+    table_max_bytes: int = 64 << 20  # a larger tuned table is refused, never read
+    table_max_rows: int = 200_000  # a table of more lines is refused, never parsed
+    child_timeout: float = 10.0  # seconds the owner's child has to answer each request
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +166,9 @@ RANGES: dict[str, Range] = {
     "restart_min_interval": Range(0, 86400),
     "aiter.keep_quarantines": Range(0, 1000, "quarantines"),
     "aiter.settle_window": Range(0.01, 600),
+    "aiter.table_max_bytes": Range(1024, 1 << 30, "bytes"),
+    "aiter.table_max_rows": Range(100, 10_000_000, "rows"),
+    "aiter.child_timeout": Range(0.5, 600),
 }
 
 # Text settings with a closed set of values (enum settings list theirs themselves).

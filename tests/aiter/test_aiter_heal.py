@@ -231,7 +231,7 @@ def test_dirty_tables_each_give_one_event_and_the_check_goes_on(stale_tree):
 @pytest.mark.timeout(30)
 def test_slot_env_with_aiter_variable_is_its_own_environment(stale_tree, tmp_path):
     """A slot pinning its own table is checked apart from the base; broken slot files are skipped."""
-    pinned = tmp_path / "pinned.csv"
+    pinned = stale_tree.package / "pinned.csv"  # a slot's paths count only inside the tree
     pinned.write_text("gfx,cu_num,libtype,kernelName\ngfx950,256,ck,only_in_pinned\n")
     (stale_tree.slots / "s1.toml").write_text(
         f'[server]\nenv = {{ AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE = "{pinned}" }}\n'

@@ -130,7 +130,7 @@ def test_a_slot_env_pinning_other_tables_is_checked_on_its_save(
     host: Host, notify_socket: Any, tree: aiter_support.Tree
 ) -> None:
     """A slot saved with [server].env pinning a table the module lacks → that module is healed."""
-    pinned = tree.root / "pinned.csv"
+    pinned = tree.package / "pinned.csv"  # beneath the tree: a slot path outside is not read
     pinned.write_text(f"{HEADER}\ngfx950,256,8,7168,2048,ck,1,0,5.0,{NEW_KERNEL},1.0,1.0,0.0\n")
     settings = _with_aiter(host.settings(), tree)
     with running(settings):

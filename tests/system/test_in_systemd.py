@@ -490,6 +490,57 @@ def test_the_service_waits_for_a_root_build_then_quarantines_the_stale_module(
     box.run(f"rm /etc/systemd/system/{UNIT}.service.d/aiter.conf && systemctl daemon-reload")
 
 
+USER_PKG = "/opt/aiter-user/aiter"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the aiter test modules")
+def test_a_users_tree_is_read_by_a_child_running_as_that_user_and_still_healed(
+    box: nspawn.Container,
+) -> None:
+    """A JIT folder owned by a user: the unit's child that reads it runs as that user (the
+    unit keeps CAP_SETUID/CAP_SETGID), the journal says so, and the stale module is healed."""
+    staging = box.files / "aiter"  # type: ignore[attr-defined]
+    if not staging.exists():
+        _aiter_files(staging)
+    box.run("id aiterjit >/dev/null 2>&1 || useradd --system --no-create-home aiterjit")
+    box.run(
+        f"mkdir -p {USER_PKG} && cp -a {FILES}/aiter/configs {FILES}/aiter/jit {USER_PKG}/ "
+        f"&& chown -R aiterjit: {USER_PKG}/jit"
+    )
+    box.write(
+        f"/etc/systemd/system/{UNIT}.service.d/aiter.conf",
+        f"[Service]\nReadWritePaths=-{USER_PKG}/jit\n",
+    )
+    box.run("systemctl daemon-reload")
+    text = settings_text(**amd_settings()) + (
+        f'\n[[aiter.trees]]\npackage_dir = "{USER_PKG}"\ntarget = "gfx950:256"\nslot_envs = false\n'
+    )
+    box.write("/etc/hal0/reconciler.toml", text)
+    restart_service(box)
+    try:
+        child = wait_until(
+            "the owner's child",
+            lambda: [
+                line
+                for line in box.run("ps -eo user:20=,args=", check=False).stdout.splitlines()
+                if "hal0_reconciler.aiter.treechild" in line
+            ],
+            30,
+        )
+        assert ["aiterjit"] == sorted({line.split()[0] for line in child})  # type: ignore[union-attr]
+        wait_until(
+            "the stale module quarantined",
+            lambda: box.run(f"test ! -e {USER_PKG}/jit/{STALE}.so", check=False).returncode == 0,
+            40,
+        )
+        handled = [
+            e for e in journal_entries(box, f"-u {UNIT}") if e.get("EVENT") == "aiter.tree_handled"
+        ]
+        assert any("aiterjit" in json.dumps(e) for e in handled)
+    finally:
+        box.run(f"rm -f /etc/systemd/system/{UNIT}.service.d/aiter.conf && systemctl daemon-reload")
+
+
 # --- 7 and 9. /etc/hal0 absent at start, re-created while running; honest status ---------------------
 
 

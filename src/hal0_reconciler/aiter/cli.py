@@ -160,6 +160,8 @@ def _print_report(report: monitor.MonitorReport, out: TextIO) -> None:
     for p in report.plans:
         print(f"== {p.tree} [{p.environment}] target {p.target}, jit {p.jit_dir}", file=out)
         print(f"  {p.rules}", file=out)
+        if p.handled_as:
+            print(f"  files handled as {p.handled_as}", file=out)
         if p.rules_note and p.rules_note not in said:
             said.add(p.rules_note)
             print(f"  ! {p.rules_note}", file=out)

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TextIO
 
-from hal0_reconciler import console
+from hal0_reconciler import boundedread, console
 from hal0_reconciler.aiter import monitor, plan, routing, survey, tables
 from hal0_reconciler.settings import Settings
 
@@ -167,10 +167,10 @@ def _sidecar_hint(
     if reg is None or not reg.sidecar or p.jit_dir is None:
         return
     path = Path(p.jit_dir) / reg.sidecar
-    try:
-        with path.open("rb") as fh:
-            ids = {str(int(x)) for x in json.loads(fh.read(1 << 20))}
-    except (OSError, ValueError, TypeError):
+    try:  # never through a final link, never a FIFO, capped
+        data = boundedread.read_bounded(path, max_bytes=1 << 20)
+        ids = {str(int(x)) for x in json.loads(data or b"")}
+    except (boundedread.ReadRefused, ValueError, TypeError):
         return
     listed = "listed" if kernel in ids else "did NOT list"
     print(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import heal, manifest_digest, plan, routing, survey
+from hal0_reconciler.aiter import heal, manifest_digest, plan, routing, survey, treeaccess
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger()
@@ -78,9 +78,11 @@ class AiterMonitor:
         for tree in self.settings.aiter.trees:
             configs = tree.package_dir / "configs"
             paths += [configs, configs / "model_configs"]
-            jits = {
-                survey.jit_dir_for(e.tree, e.env)
+            base = survey.jit_dir_for(tree, tree.base_env)
+            jits = {  # a slot's folder outside the tree is reported, never watched
+                jit
                 for e in survey.environments(tree, self.surveyor.slot_envs())
+                if treeaccess.within(tree, base, jit := survey.jit_dir_for(e.tree, e.env))
             }
             paths += sorted(jits)
         if self.settings.aiter.trees:
@@ -185,9 +187,12 @@ class AiterMonitor:
         slots = self.surveyor.slot_envs()
         return list(
             dict.fromkeys(
-                survey.jit_dir_for(e.tree, e.env)
+                jit
                 for t in self.settings.aiter.trees
                 for e in survey.environments(t, slots)
+                if treeaccess.within(  # a slot's folder outside the tree is never looked into
+                    t, survey.jit_dir_for(t, t.base_env), jit := survey.jit_dir_for(e.tree, e.env)
+                )
             )
         )
 
@@ -288,6 +293,11 @@ class AiterMonitor:
             where = {"tree": p.tree, "environment": p.environment}
             if new(("rules", p.tree, p.rules)):
                 log.info("aiter.rules_chosen", tree=p.tree, rules=p.rules)
+            if p.handled_as and new(("handled", p.tree, p.handled_as)):
+                if p.handled_as.startswith("refused"):
+                    log.error("aiter.tree_refused", tree=p.tree, reason=p.handled_as)
+                else:
+                    log.info("aiter.tree_handled", tree=p.tree, credentials=p.handled_as)
             if p.rules_note and new(("rules_note", p.tree, p.rules_note)):
                 log.warning("aiter.rules_guessed", tree=p.tree, note=p.rules_note)
             for problem in p.problems:

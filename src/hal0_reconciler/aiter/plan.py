@@ -132,6 +132,7 @@ class EnvPlan:
     checked: bool = True  # False: the target is unknown, so nothing was checked or healed
     rules: str = ""  # the aiter version and rule set this plan followed
     rules_note: str | None = None  # why the rule set is a guess (said once per tree)
+    handled_as: str = ""  # whose credentials the tree's files were handled with
 
     @property
     def heal_pending(self) -> bool:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler import fsio
-from hal0_reconciler.aiter import namescan
+from hal0_reconciler import boundedread, fsio
+from hal0_reconciler.aiter import namescan, treeio
 
 _RUN = re.compile(rb"[\x20-\x7e]+\x00")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
@@ -81,6 +81,10 @@ def registered_in_runs(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[st
     return answer
 
 
+def _identity(st: treeio.Stat) -> Identity:
+    return (st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns)
+
+
 class Registry:
     """The registry cache, one per process, persisted in ``cache_file`` (None: memory only)."""
 
@@ -93,17 +97,22 @@ class Registry:
         if cache_file is not None:
             self._load(cache_file)
 
-    def scan(self, path: Path, names: Iterable[str]) -> ModuleScan | None:
+    def scan(
+        self, path: Path, names: Iterable[str], *, io: treeio.TreeIO | None = None
+    ) -> ModuleScan | None:
         """What ``path`` registered among ``names``; None when the module does not exist.
 
-        Raises OSError when the file exists but cannot be read.
+        The module is looked at through ``io`` (its tree; None: a root-owned tree at its
+        folder): never through a link, only a regular file, mapped. Raises OSError or
+        ``boundedread.ReadRefused`` when the file exists but cannot be read.
         """
         wanted = set(names)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
+        if io is None:
+            io = treeio.local_at(path.parent)
+        st = io.lstat(path)
+        if st is None:
             return None
-        ident = identity_of(st)
+        ident = _identity(st)
         key = str(path)
         cached = self._entries.get(key)
         known: dict[str, bool] = (
@@ -112,15 +121,24 @@ class Registry:
         unknown = wanted - known.keys()
         if not unknown:
             return ModuleScan(path, ident, {n: known[n] for n in wanted}, read=False)
-        with path.open("rb") as fh:
+        if not st.is_file:
+            raise boundedread.ReadRefused(
+                path, f"{boundedread.kind_of_mode(st.mode)}, not a module"
+            )
+        fd, _ = io.open_regular(path)
+        try:
             self.reads += 1
-            if st.st_size == 0:
+            size = os.fstat(fd).st_size
+            if size == 0:
                 answer = registered_in(b"", unknown)
             else:
-                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
                     answer = registered_in(mm, unknown)
-            after = identity_of(os.fstat(fh.fileno()))
-        if after == ident and identity_of(path.stat()) == ident:
+            after = identity_of(os.fstat(fd))
+        finally:
+            os.close(fd)
+        again = io.lstat(path)
+        if after == ident and again is not None and _identity(again) == ident:
             known.update(answer)
             self._entries[key] = (ident, known)
             self._dirty = True

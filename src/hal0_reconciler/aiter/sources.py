@@ -19,8 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from hal0_reconciler import __version__
-from hal0_reconciler.aiter import needscache, plan, resolve, routing, tablecache, tables, target
+from hal0_reconciler import __version__, boundedread
+from hal0_reconciler.aiter import (
+    needscache,
+    plan,
+    resolve,
+    routing,
+    tablecache,
+    tables,
+    target,
+    treeio,
+)
 
 
 class Part(enum.Enum):
@@ -51,6 +60,32 @@ was settled (an unsettled one is read again at the next check)."""
 Derivation = tuple[list[plan.TableSource], list[Merged], dict[str, plan.Needs]]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The caps on one table: bytes (checked before reading) and lines (before parsing)."""
+
+    max_bytes: int = 64 << 20
+    max_rows: int = 200_000
+
+
+def stamp(st: treeio.Stat) -> tablecache.Stamp:
+    """A table's identity from what the tree's ``lstat`` said."""
+    return (st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns)
+
+
+def _stat(io: treeio.TreeIO, path: PurePath) -> treeio.Stat | OSError:
+    """The table's ``lstat`` through its tree; a missing, linked or odd file is an error."""
+    try:
+        st = io.lstat(path)
+    except OSError as exc:
+        return exc
+    if st is None:
+        return FileNotFoundError(2, "No such file or directory")
+    if not st.is_file:
+        return OSError(0, f"{boundedread.kind_of_mode(st.mode)}, not a regular file")
+    return st
+
+
 class Sources:
     """The caches of table reads and derived results, one per surveyor."""
 
@@ -64,6 +99,8 @@ class Sources:
         self.table_reads = 0  # files parsed since start (tests and the benchmark count these)
         self._tables: Used = {}
         self._used: Used = {}
+        self._io: treeio.TreeIO = treeio.LocalTree((), treeio.ROOT)  # derive sets it
+        self._limits = Limits()
 
     def next_survey(self) -> None:
         """A survey starts: the last one's reads become the earlier ones."""
@@ -81,20 +118,19 @@ class Sources:
         choice: target.TargetChoice,
         context: tuple[object, ...],
         routing_key: str,
+        *,
+        io: treeio.TreeIO,
+        limits: Limits | None = None,
     ) -> Derivation:
         """The plan's sources, the losers of each of the ``groups`` merges (a group may have no
         read: its files are all missing) and the needs per module: from the derived cache when
         every input is as it was, else from the tables (stored when all settled)."""
         targets = choice.targets
-        stats: list[os.stat_result | OSError] = []
-        for r in reads:
-            try:
-                stats.append(Path(r.file.path).stat())
-            except OSError as exc:
-                stats.append(exc)
+        self._io, self._limits = io, limits or Limits()
+        stats = [_stat(io, r.file.path) for r in reads]
         keys = [
-            tablecache.key_of(Path(r.file.path), tablecache.stamp_of(st), r.route, targets, r.keys)
-            if isinstance(st, os.stat_result)
+            tablecache.key_of(Path(r.file.path), stamp(st), r.route, targets, r.keys)
+            if isinstance(st, treeio.Stat)
             else ""
             for r, st in zip(reads, stats, strict=True)
         ]
@@ -183,13 +219,17 @@ class Sources:
         """The rows of a table known by its summary: from the table cache, else the file when
         it still has the same bytes; None when neither has them any more."""
 
+        io, limits = self._io, self._limits
+
         def load() -> tables.Table | None:
             table = self.table_cache.get(key)
             if table is not None and table.digest == digest:
                 return table
             try:
-                table, settled = self._parse(Path(r.file.path), None, r.route, targets, r.keys)
-            except (OSError, tables.TableUnreadable):
+                table, settled = self._parse(
+                    Path(r.file.path), None, r.route, targets, r.keys, io=io, limits=limits
+                )
+            except (OSError, tables.TableUnreadable, boundedread.ReadRefused):
                 return None
             if table.digest != digest:
                 return None
@@ -202,7 +242,7 @@ class Sources:
     def _table(
         self,
         r: Read,
-        st: os.stat_result | OSError,
+        st: treeio.Stat | OSError,
         key: str,
         targets: frozenset[tables.Target],
     ) -> tuple[plan.TableSource, bool]:
@@ -220,10 +260,20 @@ class Sources:
             cached = (plan.TableSource(r.file, r.route, table=on_disk), True)
         if cached is None:
             try:
-                table, settled = self._parse(Path(r.file.path), st, r.route, targets, r.keys)
+                table, settled = self._parse(
+                    Path(r.file.path),
+                    st,
+                    r.route,
+                    targets,
+                    r.keys,
+                    io=self._io,
+                    limits=self._limits,
+                )
                 cached = (plan.TableSource(r.file, r.route, table=table), settled)
                 if settled:
                     self.table_cache.put(key, table)
+            except boundedread.ReadRefused as exc:
+                cached = (plan.TableSource(r.file, r.route, error=exc.reason), False)
             except OSError as exc:
                 cached = (plan.TableSource(r.file, r.route, error=exc.strerror or str(exc)), False)
             except tables.TableUnreadable as exc:
@@ -239,25 +289,37 @@ class Sources:
     def _parse(
         self,
         path: Path,
-        st: os.stat_result | None,
+        st: treeio.Stat | None,
         route: routing.TableRoute,
         targets: frozenset[tables.Target],
         keys: tuple[str, ...],
+        *,
+        io: treeio.TreeIO,
+        limits: Limits,
     ) -> tuple[tables.Table, bool]:
-        """Read and parse ``path``; settled when the file is the one ``st`` saw (None: any),
-        did not change while it was read, and its last change is over ``SETTLED_NS`` old.
-        Raises OSError or TableUnreadable."""
+        """Read and parse ``path`` through its tree (a regular file, at most ``max_bytes``, at
+        most ``max_rows`` lines); settled when the file is the one ``st`` saw (None: any), did
+        not change while it was read, and its last change is over ``SETTLED_NS`` old.
+        Raises OSError, ReadRefused or TableUnreadable."""
         read_at = tablecache.now_ns()
-        with path.open("rb") as fh:
-            before = os.fstat(fh.fileno())
-            data = fh.read()
-            after = os.fstat(fh.fileno())
+        fd, _ = io.open_regular(path)
+        try:
+            before = os.fstat(fd)
+            data = boundedread.read_fd(fd, path, max_bytes=limits.max_bytes)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
         self.table_reads += 1
+        lines = data.count(b"\n")
+        if lines > limits.max_rows:
+            raise tables.TableUnreadable(
+                f"more than the {limits.max_rows}-line limit ({lines} lines); not parsed"
+            )
         table = tables.parse_table(data, route=route, targets=targets, key_columns=keys)
-        stamp = tablecache.stamp_of(after)
+        now = tablecache.stamp_of(after)
         settled = (
-            tablecache.stamp_of(before) == stamp
-            and (st is None or tablecache.stamp_of(st) == stamp)
+            tablecache.stamp_of(before) == now
+            and (st is None or stamp(st) == now)
             and len(data) == after.st_size
             and tablecache.settled(after, read_at_ns=read_at)
         )

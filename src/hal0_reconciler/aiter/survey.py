@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import fsio
+from hal0_reconciler import boundedread, fsio
 from hal0_reconciler.aiter import (
     installed,
     plan,
@@ -26,6 +26,8 @@ from hal0_reconciler.aiter import (
     tablecache,
     tables,
     target,
+    treeaccess,
+    treeio,
 )
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
@@ -110,6 +112,8 @@ class Surveyor:
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
         self._routing_key = ""
         self.last_slots: list[SlotEnv] = []
+        self.trees = treeaccess.Trees(timeout=settings.aiter.child_timeout)
+        self.handled_as: dict[str, str] = {}  # tree label -> whose credentials handled it
 
     @property
     def table_reads(self) -> int:
@@ -135,7 +139,7 @@ class Surveyor:
                 key = (str(path), fsio.identity_of(path.lstat()))
             except OSError:
                 continue
-            slot = self._slots.get(key) or _read_slot(path)
+            slot = self._slots.get(key) or _read_slot(path, self.settings.slot_max_bytes)
             fresh[key] = slot
             found.append(slot)
         self._slots = fresh
@@ -152,8 +156,11 @@ class Surveyor:
         modules_seen: list[Path] = []
         self._routing_key = hashlib.sha256(repr(rules).encode()).hexdigest()
         for tree in self.settings.aiter.trees:
+            label = tree_label(tree)
+            access = self.trees.access(label, tree, jit_dir_for(tree, tree.base_env))
+            self.handled_as[label] = access.handled_as
             for environment in environments(tree, slots):
-                env_plan = self._plan_env(environment, rules, memory, modules_seen)
+                env_plan = self._plan_env(environment, rules, memory, modules_seen, access)
                 plans.append(env_plan)
         self.registry.forget_missing(modules_seen)
         return plans
@@ -164,25 +171,30 @@ class Surveyor:
         rules_in: routing.Routing,
         memory: dict[str, plan.MemoryEntry],
         modules_seen: list[Path],
+        access: treeaccess.Access,
     ) -> plan.EnvPlan:
         tree, env = environment.tree, environment.env
         label = tree_label(tree)
+        jit = jit_dir_for(tree, env)
+        io = access.io
+        if io is None or (unchecked := self._unchecked(environment, io, jit)):
+            why = [f"tree refused: {access.refused}"] if io is None else unchecked
+            return plan.EnvPlan(
+                label, environment.name, jit, "not checked", (), (), (), tuple(why),
+                checked=False, handled_as=access.handled_as,
+            )  # fmt: skip
         chosen, found = self.installs.choose(tree.package_dir)
         ruleset = chosen.rules
         choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
-        jit = jit_dir_for(tree, env)
         configs = tree.package_dir / "configs"
-        try:
-            overlays = [p.name for p in (configs / "model_configs").iterdir()]
-        except OSError:
-            overlays = []
+        overlays = treeaccess.listdir(io, configs / "model_configs")
         resolutions = tuple(
             resolve.resolve(
                 route,
                 env,
                 configs_dir=configs,
                 overlay_names=overlays,
-                exists=lambda p: Path(p).is_file(),
+                exists=io.is_file,
                 rules=ruleset,
             )
             for route in rules_in.tables
@@ -192,7 +204,7 @@ class Surveyor:
         found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
-            reads, merged = self._reads(resolutions, rules_in, configs)
+            reads, merged = self._reads(resolutions, rules_in, configs, io)
             context = (
                 str(choice),
                 sorted(choice.lookup),
@@ -201,7 +213,7 @@ class Surveyor:
                 found.version,
             )
             found_sources, merges, needs = self.sources.derive(
-                reads, len(merged), choice, context, self._routing_key
+                reads, len(merged), choice, context, self._routing_key, io=io, limits=self._limits
             )
             for res, (lost, in_dups) in zip(merged, merges, strict=True):
                 problems.extend(plan.merge_problem(res, lost, in_dups, ruleset))
@@ -218,6 +230,7 @@ class Surveyor:
                 choice=choice,
                 needs=needs,
                 modules_seen=modules_seen,
+                io=io,
             )
         else:
             problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
@@ -234,13 +247,31 @@ class Surveyor:
             rules=f"aiter {found.version or 'version unknown'}, rules {ruleset.name} "
             f"(chosen by {chosen.how})",
             rules_note=chosen.note,
+            handled_as=access.handled_as,
         )
+
+    @property
+    def _limits(self) -> sources.Limits:
+        cfg = self.settings.aiter
+        return sources.Limits(cfg.table_max_bytes, cfg.table_max_rows)
+
+    def _unchecked(self, environment: Environment, io: treeio.TreeIO, jit: Path) -> list[str]:
+        """Why a slot's environment is not checked: its env names paths outside the tree."""
+        if not environment.name.startswith("slot:"):
+            return []
+        slot = environment.name.removeprefix("slot:")
+        bad = treeaccess.outside(io, environment.env, jit_from_env=environment.tree.jit_dir is None)
+        why = [f"{treeaccess.OUTSIDE} (slot {slot}, {var} = {value!r})" for var, value in bad]
+        if not bad and not io.beneath(jit):
+            why.append(f"{treeaccess.OUTSIDE} (slot {slot}, its JIT folder {str(jit)!r})")
+        return why
 
     def _reads(
         self,
         resolutions: tuple[resolve.Resolution, ...],
         rules_in: routing.Routing,
         configs: Path,
+        io: treeio.TreeIO,
     ) -> tuple[list[sources.Read], list[resolve.Resolution]]:
         """The table reads a plan needs, in plan order, and the resolutions aiter merges."""
         reads: list[sources.Read] = []
@@ -249,7 +280,7 @@ class Surveyor:
             feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
             if not (res.route.compiled or feeds):
                 continue
-            keys = self._merge_keys(configs, res.route.stem) if res.merged else ()
+            keys = self._merge_keys(configs, res.route.stem, io) if res.merged else ()
             group = -1
             if keys:
                 group = len(merged)
@@ -265,27 +296,22 @@ class Surveyor:
         for reg in rules_in.registries:
             reads.extend(
                 sources.Read(f, reg.route, (), sources.Part.SOURCE, -1)
-                for f in _fixed_files(configs, reg.files)
+                for f in _fixed_files(io, configs, reg.files)
             )
         return reads, merged
 
-    def _merge_keys(self, configs: Path, stem: str) -> tuple[str, ...]:
+    def _merge_keys(self, configs: Path, stem: str, io: treeio.TreeIO) -> tuple[str, ...]:
         """aiter's duplicate-merge keys: the untuned sibling's columns + cu_num + gfx; none
         (no merge) when the untuned file is absent."""
         path = configs / f"{'untuned'.join(stem.rsplit('tuned', 1))}.csv"
-        ident = _identity(path)
+        ident = _identity(io, path)
         cached = self._untuned.get(path)
         if cached is not None and cached[0] == ident:
             return cached[1]
         keys: tuple[str, ...] = ()
-        if ident is not None:
-            try:
-                with path.open("rb") as fh:
-                    head = fh.readline(65536).decode("utf-8-sig", errors="replace")
-                cols = [c.strip() for c in head.strip().split(",") if c.strip()]
-                keys = tuple(dict.fromkeys([*cols, "cu_num", "gfx"]))
-            except OSError:
-                keys = ()
+        if ident is not None and (head := treeaccess.header_line(io, path)) is not None:
+            cols = [c.strip() for c in head.strip().split(",") if c.strip()]
+            keys = tuple(dict.fromkeys([*cols, "cu_num", "gfx"]))
         self._untuned[path] = (ident, keys)
         return keys
 
@@ -299,6 +325,7 @@ class Surveyor:
         choice: target.TargetChoice,
         needs: dict[str, plan.Needs],
         modules_seen: list[Path],
+        io: treeio.TreeIO,
     ) -> list[plan.ModulePlan]:
         """The verdict for every module the tables need, from what each ``.so`` registered."""
         modules: list[plan.ModulePlan] = []
@@ -311,7 +338,7 @@ class Surveyor:
                         module,
                         keyed=keyed,
                         needs=needs[module],
-                        facts=plan.ModuleFacts(so, exists=so.exists()),
+                        facts=plan.ModuleFacts(so, exists=_exists(io, so)),
                         digest="",
                         memory=None,
                         heal_shape_keyed=False,
@@ -321,7 +348,7 @@ class Surveyor:
             modules_seen.append(so)
             wanted = [*needs[module].names, *needs[module].unbuildable]
             try:
-                scan = self.registry.scan(so, wanted)
+                scan = self.registry.scan(so, wanted, io=io)
                 facts = (
                     plan.ModuleFacts(so, exists=False)
                     if scan is None
@@ -334,6 +361,8 @@ class Surveyor:
                 )
             except OSError as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.strerror or str(exc))
+            except boundedread.ReadRefused as exc:
+                facts = plan.ModuleFacts(so, exists=True, error=exc.reason)
             modules.append(
                 plan.decide(
                     module,
@@ -348,29 +377,37 @@ class Surveyor:
         return modules
 
 
-def _identity(path: Path) -> tablecache.Stamp | None:
+def _identity(io: treeio.TreeIO, path: Path) -> tablecache.Stamp | None:
     try:
-        return tablecache.stamp_of(path.stat())
+        st = io.lstat(path)
     except OSError:
         return None
+    return None if st is None or not st.is_file else sources.stamp(st)
 
 
-def _fixed_files(configs: Path, patterns: tuple[str, ...]) -> list[resolve.ResolvedFile]:
+def _exists(io: treeio.TreeIO, path: Path) -> bool:
+    try:
+        return io.lstat(path) is not None
+    except OSError:
+        return False
+
+
+def _fixed_files(
+    io: treeio.TreeIO, configs: Path, patterns: tuple[str, ...]
+) -> list[resolve.ResolvedFile]:
     """The files fixed globs under ``configs/`` name (sorted, as aiter's generator globs them)."""
-    found: list[resolve.ResolvedFile] = []
-    for pattern in patterns:
-        found.extend(
-            resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
-            for p in sorted(configs.glob(pattern))
-            if p.is_file()
-        )
-    return list({f.path: f for f in found}.values())
+    return [
+        resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
+        for p in treeaccess.fixed_files(io, configs, patterns)
+    ]
 
 
-def _read_slot(path: Path) -> SlotEnv:
+def _read_slot(path: Path, max_bytes: int) -> SlotEnv:
+    """A slot's ``[server].env``: read capped (``boundedread``), never following a link."""
     name = path.stem
     try:
-        text = store.read_slot(path).data.decode("utf-8")
+        text = boundedread.read_bounded_text(path, max_bytes=max_bytes)
+        assert text is not None  # noqa: S101 - missing_ok is False
         return SlotEnv(name, dict(document.parse_slot(text, stem=name).server_env))
-    except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
+    except (OSError, ReconcilerError) as exc:
         return SlotEnv(name, None, str(exc))

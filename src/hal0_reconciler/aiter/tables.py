@@ -113,7 +113,10 @@ def parse_table(
     name_cols = [index[c] for c in route.columns if c in index]
     if not name_cols and route.keyed is not routing.Keyed.ID:  # no id: each opus row is broken
         wanted = " or ".join(route.columns)
-        raise TableUnreadable(f"no {wanted} column (header: {','.join(header)[:200]})")
+        raise TableUnreadable(  # never the header's bytes: the file may be anything
+            f"no {wanted} column in its first line ({len(header)} comma-separated fields, "
+            "none of them so named): not an aiter table"
+        )
     lib_col = index.get("libtype")
     gfx_col = index.get("gfx")
     cu_col = index.get("cu_num")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hal0_reconciler import boundedread
 from hal0_reconciler.aiter.tables import Target
 
 _EXPLICIT = re.compile(r"^(gfx[0-9a-f]+):(\d+)$")
@@ -59,10 +60,11 @@ def read_kfd(nodes_dir: Path) -> tuple[frozenset[Target], str | None]:
     except OSError as exc:
         return frozenset(), f"cannot list {nodes_dir}: {exc.strerror or exc}"
     for node in nodes:
-        try:
-            text = (node / "properties").read_text(encoding="ascii", errors="replace")
-        except OSError:
+        try:  # sysfs: regular, small; never a FIFO or a link
+            data = boundedread.read_bounded(node / "properties", max_bytes=1 << 16)
+        except boundedread.ReadRefused:
             continue
+        text = (data or b"").decode("ascii", errors="replace")
         props: dict[str, int] = {}
         for line in text.splitlines():
             key, _, value = line.partition(" ")

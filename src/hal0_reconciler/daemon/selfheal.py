@@ -32,6 +32,7 @@ log = _log.get_logger("hal0_reconciler.daemon.selfheal")
 
 RETRY_FIRST = 5.0
 RETRY_MAX = 60.0
+_NOT_CHECKED = ("not checked: path outside configured trees", "tree refused")
 FAILING_AFTER = 3  # failed checks in a row before status names it as a problem
 SETTLE_CAP_FACTOR = 5  # an aiter event waits at most this many settle windows under churn
 
@@ -240,6 +241,12 @@ class SelfHeal:
                 ),
                 "refused": sorted({b for h in report.heals for b in h.refused}),
                 "errors": list(report.errors),
+                "not_checked": [  # refused trees, slot paths outside the trees: degraded
+                    f"{p.tree} [{p.environment}]: {why}"
+                    for p in report.plans
+                    for why in p.problems[:1]
+                    if not p.checked and why.startswith(_NOT_CHECKED)
+                ],
             }
 
     # -- status and metrics ---------------------------------------------------------------------
@@ -252,7 +259,7 @@ class SelfHeal:
             if s.failures_in_a_row >= FAILING_AFTER:
                 times = s.failures_in_a_row
                 return f"the aiter check failed {times} times in a row: {s.last_error}"
-            errors = s.summary.get("errors") or []
+            errors = s.summary.get("errors") or s.summary.get("not_checked") or []
             return f"aiter: {errors[0]}" if errors else None
 
     def status(self) -> dict[str, Any] | None:

@@ -130,3 +130,41 @@ def _ending(returncode: int) -> str:
 def _last_line(data: bytes) -> str:
     lines = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+class Server:
+    """A long-lived child that answers over an inherited socket (``spawn``); ``close`` kills its
+    process group and reaps it, so a stuck or dead child never outlives its user."""
+
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+        self._child = child
+        self.pid = child.pid
+
+    def alive(self) -> bool:
+        return self._child.poll() is None
+
+    def close(self) -> None:
+        if self._child.returncode is None:
+            _kill_group(self._child)
+
+
+def spawn(argv: Sequence[str], *, pass_fds: Sequence[int], env: Mapping[str, str]) -> Server:
+    """Start ``argv`` in its own session with only ``pass_fds`` inherited (stdio: /dev/null).
+
+    Raises ProcFailed (one human line) when it cannot be started."""
+    args = tuple(argv)
+    try:
+        child = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dict(env),
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+            start_new_session=True,
+            cwd="/",
+        )
+    except OSError as exc:
+        raise errors.ProcFailed(f"{display(args)}: cannot start: {exc.strerror}") from None
+    return Server(child)

@@ -1,0 +1,156 @@
+"""Tree-relative primitives: nothing beneath a tree root is followed, with openat2 and without."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import boundedread
+from hal0_reconciler.aiter import treefs
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs with openat2 (when the kernel has it) and with the per-component walk."""
+    if request.param == "openat2":
+        if not treefs.OPENAT2:
+            pytest.skip("this kernel has no openat2")
+    else:
+        monkeypatch.setattr(treefs, "OPENAT2", False)
+    return str(request.param)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    root = tmp_path / "tree"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "file").write_bytes(b"inside")
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"outside")
+    outside.chmod(0o600)
+    (root / "link").symlink_to(outside)
+    (root / "dirlink").symlink_to(tmp_path)
+    os.mkfifo(root / "fifo")
+    fd = treefs.open_root(root)
+    try:
+        yield root, fd
+    finally:
+        os.close(fd)
+
+
+def test_a_regular_file_beneath_the_root_is_read(impl: str, tree: tuple[Path, int]) -> None:
+    """A plain file two levels down reads back its bytes."""
+    _, fd = tree
+    assert b"inside" == treefs.read_at(fd, "sub/file", max_bytes=100)
+
+
+def test_a_final_symlink_is_never_followed(impl: str, tree: tuple[Path, int]) -> None:
+    """A link as the last component is refused, not followed to the file it names."""
+    _, fd = tree
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        treefs.read_at(fd, "link", max_bytes=100)
+    assert "symlink" in caught.value.reason
+    with pytest.raises(OSError) as opened:
+        treefs.open_regular(fd, "link")
+    assert errno.ELOOP == opened.value.errno
+
+
+def test_a_symlinked_folder_on_the_way_is_never_followed(impl: str, tree: tuple[Path, int]) -> None:
+    """A link as an inner component stops the resolution with ELOOP."""
+    _, fd = tree
+    with pytest.raises(OSError) as caught:
+        treefs.open_regular(fd, "dirlink/secret")
+    assert errno.ELOOP == caught.value.errno
+
+
+def test_dot_dot_and_absolute_paths_are_refused_before_any_call(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """'..' and '/etc/passwd' are outside the tree whatever is on disk."""
+    _, fd = tree
+    for rel in ("../secret", "sub/../../secret", "/etc/passwd"):
+        with pytest.raises(treefs.OutsideTree):
+            treefs.open_beneath(fd, rel, os.O_PATH)
+
+
+def test_a_fifo_is_refused_without_blocking(impl: str, tree: tuple[Path, int]) -> None:
+    """A FIFO is pinned with O_PATH and refused as not regular; no reader is ever opened."""
+    _, fd = tree
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        treefs.open_regular(fd, "fifo")
+    assert "a FIFO, not a regular file" == caught.value.reason
+
+
+def test_lstat_at_sees_the_link_itself_and_none_when_missing(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """lstat of a link is the link; a missing name is None."""
+    _, fd = tree
+    st = treefs.lstat_at(fd, "link")
+    assert st is not None
+    assert "a symlink" == boundedread.kind_of_mode(st.st_mode)
+    assert None is treefs.lstat_at(fd, "sub/none")
+
+
+def test_listing_renaming_and_making_folders_stay_beneath(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """mkdir, rename (no replace) and listing act on names in the tree's folders."""
+    root, fd = tree
+    treefs.mkdir_at(fd, "q")
+    treefs.rename_at(fd, "sub/file", "q/file")
+    assert ["file"] == treefs.listdir_at(fd, "q")
+    (root / "sub" / "other").write_bytes(b"x")
+    with pytest.raises(FileExistsError):
+        treefs.rename_at(fd, "sub/other", "q/file")
+    assert b"inside" == (root / "q" / "file").read_bytes()
+
+
+def test_renaming_into_a_linked_folder_is_refused(impl: str, tree: tuple[Path, int]) -> None:
+    """A rename whose target folder is a link never moves anything outside."""
+    root, fd = tree
+    with pytest.raises(OSError) as caught:
+        treefs.rename_at(fd, "sub/file", "dirlink/moved")
+    assert errno.ELOOP == caught.value.errno
+    assert not (root.parent / "moved").exists()
+
+
+def test_rmtree_removes_links_never_their_targets(impl: str, tree: tuple[Path, int]) -> None:
+    """A folder holding a link to a folder outside is removed; the outside folder stays whole."""
+    root, fd = tree
+    (root / "sub" / "inner").symlink_to(root.parent)
+    treefs.rmtree_at(fd, "sub")
+    assert not (root / "sub").exists()
+    assert b"outside" == (root.parent / "secret").read_bytes()
+
+
+def test_rmtree_of_a_link_is_refused(impl: str, tree: tuple[Path, int]) -> None:
+    """rmtree of a name that is a link to a folder refuses and removes nothing."""
+    root, fd = tree
+    with pytest.raises(NotADirectoryError):
+        treefs.rmtree_at(fd, "dirlink")
+    assert (root.parent / "secret").exists()
+
+
+def test_an_atomic_write_replaces_a_link_instead_of_following_it(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """Writing over a name that is a link replaces the link; the file it named is unchanged."""
+    root, fd = tree
+    treefs.write_atomic_at(fd, "link", b"new", 0o600)
+    assert b"new" == (root / "link").read_bytes()
+    assert not (root / "link").is_symlink()
+    assert b"outside" == (root.parent / "secret").read_bytes()
+    treefs.fsync_dir_at(fd, ".")
+
+
+def test_a_file_over_its_cap_is_refused_with_its_size(impl: str, tree: tuple[Path, int]) -> None:
+    """The cap is checked before reading: the reason names the limit, never the bytes."""
+    _, fd = tree
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        treefs.read_at(fd, "sub/file", max_bytes=3)
+    assert "larger than the 3-byte limit (6 bytes)" == caught.value.reason
