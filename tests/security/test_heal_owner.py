@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import heal, manifest_digest, owner_heal, treeio
+from hal0_reconciler.aiter import heal, manifest_digest, monitor, owner_heal, treeio
+from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers import quarantines
 from helpers.attacker import Attacker, Tally
 
@@ -135,3 +136,41 @@ def test_a_dead_or_hung_owners_child_fails_the_heal_and_moves_nothing(
         io.close()
     assert before == quarantines.snapshot(jit)
     attacks.held("dead or hung owner's child")
+
+
+def test_the_daemons_restore_of_an_attackers_tree_runs_as_the_attacker(
+    attacker: Attacker, attacks: Tally
+) -> None:
+    """``AiterMonitor.restore`` (what ``aiter restore`` and the daemon call) on a tree whose JIT
+    folder the attacker owns: the quarantine of the rebuilt module it sets aside is created by
+    the attacker's uid, and the restored module is back in its place."""
+    with quarantines.reachable_dir() as root:
+        package = root / "aiter"
+        (package / "configs").mkdir(parents=True)
+        jit = package / "jit"
+        quarantines.install(jit, "module_x", b"old")
+        for path in [jit, *jit.rglob("*")]:
+            attacker.chown(path)
+        tree = AiterTree(package_dir=package, jit_dir=jit, target="gfx950:256")
+        settings = Settings(
+            slots_dir=root / "slots", state_dir=root / "state", aiter=AiterSettings(trees=(tree,))
+        )
+        (root / "slots").mkdir()
+        daemon = monitor.AiterMonitor(settings, log_findings=False)
+        attacks.tried("restore run as root in another user's tree")
+        try:
+            io = daemon._io(jit)
+            assert attacker.uid == getattr(io, "child_uid", 0)
+            plans = {"module_x": quarantines.module_plan(jit, "module_x")}
+            qid = owner_heal.quarantine(io, jit, plans, book=daemon.book).id
+            quarantines.install(jit, "module_x", b"rebuilt")
+            for path in [jit / "module_x.so", *(jit / "build").rglob("*")]:
+                attacker.chown(path)
+            restored, displaced = daemon.restore(qid)
+        finally:
+            daemon.surveyor.trees.close()
+        assert displaced is not None
+        assert (True, b"old") == (restored.verified, (jit / "module_x.so").read_bytes())
+        assert attacker.uid == displaced.path.lstat().st_uid
+        assert b"rebuilt" == (displaced.path / "module_x.so").read_bytes()
+    attacks.held("restore run as root in another user's tree")

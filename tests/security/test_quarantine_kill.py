@@ -64,7 +64,7 @@ def _killed_in_owners_child_at(jit: Path, state: Path, verb: str, kill_at: int, 
     return True
 
 
-def _run_killed(owner: bool, jit: Path, state: Path, verb: str, kill_at: int, arg: str) -> bool:
+def _run_killed(jit: Path, state: Path, verb: str, kill_at: int, arg: str, *, owner: bool) -> bool:
     killer = _killed_in_owners_child_at if owner else _killed_at
     return killer(jit, state, verb, kill_at, arg)
 
@@ -184,7 +184,7 @@ def test_a_kill_at_every_rename_of_a_heal_is_finished_or_undone(
         case.mkdir()
         jit, state, payloads = _tree(case, attacker, b"-old")
         attacks.tried("kill at a heal's rename")
-        if not _run_killed(owner, jit, state, "heal", kill_at, ",".join(MODULES)):
+        if not _run_killed(jit, state, "heal", kill_at, ",".join(MODULES), owner=owner):
             attacks.held("kill at a heal's rename")  # ran to the end: nothing to roll
             break
         points += 1
@@ -226,7 +226,7 @@ def test_a_kill_at_every_rename_of_a_restore_is_finished_or_undone(
             if owner:  # the owner's aiter rebuilt them: its files, which its child can move
                 attacker.chown(*(p for p in jit.rglob("*") if heal.QUARANTINE_DIR not in p.parts))
         attacks.tried("kill at a restore's rename")
-        if not _run_killed(owner, jit, state, "restore", kill_at, qid):
+        if not _run_killed(jit, state, "restore", kill_at, qid, owner=owner):
             attacks.held("kill at a restore's rename")
             break
         points += 1
