@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import heal, manifest_digest, monitor, owner_heal, treeio
+from hal0_reconciler.aiter import (
+    heal,
+    manifest_digest,
+    monitor,
+    owner_heal,
+    owner_heal_child,
+    treeio,
+)
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers import quarantines
 from helpers.attacker import Attacker, Tally
@@ -174,3 +181,26 @@ def test_the_daemons_restore_of_an_attackers_tree_runs_as_the_attacker(
         assert attacker.uid == displaced.path.lstat().st_uid
         assert b"rebuilt" == (displaced.path / "module_x.so").read_bytes()
     attacks.held("restore run as root in another user's tree")
+
+
+def test_roots_book_answers_the_child_only_for_the_folder_it_was_asked_about(
+    open_tmp: Path, attacks: Tally
+) -> None:
+    """A child asking root to sign bytes for another JIT folder (a forged manifest elsewhere)
+    gets "unavailable", and nothing is recorded; for its own folder the digest verifies."""
+    book = _book(open_tmp)
+    attacks.tried("child asks root to sign for another folder")
+    data = b'{"id": "q"}'
+
+    def ask(jit: str, what: str) -> dict[str, object]:
+        fd = os.memfd_create("question", os.MFD_CLOEXEC)
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        question = {"book": what, "jit": jit, "qid": "q", "kind": "manifest", "folder": [1, 2]}
+        return owner_heal_child.answer_book(book, "/srv/jit", question, [fd])
+
+    assert "unavailable" in ask("/etc", "record")
+    assert False is book.verify("/etc", "q", "manifest", data, (1, 2))
+    assert {} == ask("/srv/jit", "record")
+    assert {"verified": True} == ask("/srv/jit", "verify")
+    attacks.held("child asks root to sign for another folder")
