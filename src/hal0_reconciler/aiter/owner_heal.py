@@ -51,6 +51,12 @@ def _run(
         ) from None
     except boundedread.ReadRefused as exc:
         raise heal.HealFailed(f"{jit_dir}: {exc}") from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # what the owner may not do (a folder of root's): said, not raised
+        raise heal.HealFailed(
+            f"{jit_dir}: {exc.strerror} for {child.describe()}: refused"
+        ) from None
     if "heal_failed" in result:
         raise heal.HealFailed(str(result["heal_failed"]))
     return result
