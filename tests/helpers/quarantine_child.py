@@ -1,7 +1,9 @@
 """A heal or restore in a process of its own that stops at a chosen rename, for a SIGKILL there.
 
-``python -m helpers.quarantine_child JIT STATE VERB KILL_AT ARG``: VERB ``heal`` quarantines the
-modules named (comma-separated) in ARG, ``restore`` puts quarantine ARG back. At rename number
+``python -m helpers.quarantine_child JIT STATE VERB KILL_AT ARG [owner]``: VERB ``heal``
+quarantines the modules named (comma-separated) in ARG, ``restore`` puts quarantine ARG back.
+With ``owner`` the verb runs in the tree owner's child (``owner_heal``) and prints ``failed``
+when that child was killed (by the test's ``strace`` fault injection, KILL_AT then unused). At rename number
 KILL_AT (0-based, module renames only) it prints the number and blocks reading stdin: the test
 kills it there. Written against the public ``heal`` functions, with a fallback for 0.1.0's
 (path renames, no journal, no digest book), so the same test can be run against either.
@@ -56,6 +58,8 @@ def arm(kill_at: int, state: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     jit, state, verb, kill_at, arg = Path(argv[0]), Path(argv[1]), argv[2], int(argv[3]), argv[4]
+    if argv[5:] == ["owner"]:
+        return _as_owner(jit, state, verb, arg)
     kwargs = arm(kill_at, state)
     now = dt.datetime(2020, 2, 1, tzinfo=dt.UTC)
     if verb == "heal":
@@ -63,6 +67,27 @@ def main(argv: list[str]) -> int:
         heal.quarantine(jit, plans, now=now, **kwargs)
     else:
         heal.restore(jit, arg, now=now, **kwargs)
+    sys.stdout.write("done\n")
+    return 0
+
+
+def _as_owner(jit: Path, state: Path, verb: str, arg: str) -> int:
+    from hal0_reconciler.aiter import manifest_digest, owner_heal
+
+    book = manifest_digest.DigestBook(state / "aiter")
+    io = quarantines.owner_io(jit)
+    now = dt.datetime(2020, 2, 1, tzinfo=dt.UTC)
+    try:
+        if verb == "heal":
+            plans = {m: quarantines.module_plan(jit, m) for m in arg.split(",")}
+            owner_heal.quarantine(io, jit, plans, book=book, now=now)
+        else:
+            owner_heal.restore(io, jit, arg, book=book, now=now)
+    except heal.HealFailed as exc:
+        sys.stdout.write(f"failed\n{exc}\n")
+        return 3
+    finally:
+        io.close()
     sys.stdout.write("done\n")
     return 0
 

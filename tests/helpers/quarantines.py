@@ -117,3 +117,15 @@ def reachable_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_io(jit: Path, *, timeout: float = 10.0) -> Any:
+    """The tree I/O of ``jit`` with its owner's credentials (the owner's child when the owner is
+    not root), judged as the daemon judges it: the tree's owner is the JIT folder's."""
+    from hal0_reconciler.aiter import treeio, treeowner
+
+    found = treeowner.owner_of(jit, jit.parent)
+    assert None is found.refused
+    p = PurePath(jit)
+    roots = (treeio.Root(p, p),)  # type: ignore[arg-type]
+    return treeio.open_tree(roots, found.credentials, timeout=timeout)

@@ -533,7 +533,8 @@ def test_a_users_tree_is_read_by_a_child_running_as_that_user_and_still_healed(
     box: nspawn.Container,
 ) -> None:
     """A JIT folder owned by a user: the unit's child that reads it runs as that user (the
-    unit keeps CAP_SETUID/CAP_SETGID), the journal says so, and the stale module is healed."""
+    unit keeps CAP_SETUID/CAP_SETGID), the journal says so, and the stale module is healed by
+    that child: the quarantine it is moved into is the user's."""
     staging = box.files / "aiter"  # type: ignore[attr-defined]
     if not staging.exists():
         _aiter_files(staging)
@@ -568,6 +569,8 @@ def test_a_users_tree_is_read_by_a_child_running_as_that_user_and_still_healed(
             lambda: box.run(f"test ! -e {USER_PKG}/jit/{STALE}.so", check=False).returncode == 0,
             40,
         )
+        made = box.run(f"stat -c %U {USER_PKG}/jit/.hal0-quarantine", check=False).stdout
+        assert "aiterjit" == made.strip()
         handled = [
             e for e in journal_entries(box, f"-u {UNIT}") if e.get("EVENT") == "aiter.tree_handled"
         ]

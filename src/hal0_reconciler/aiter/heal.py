@@ -169,6 +169,14 @@ def quarantine_at(
     tree: qops.Tree, modules: Mapping[str, plan.ModulePlan], *, now: dt.datetime | None = None
 ) -> Quarantine:
     """``quarantine`` on an open tree: journal and manifest (signed) first, then the renames."""
+    return quarantine_entries(tree, {m: qops.plan_entry(mp) for m, mp in modules.items()}, now=now)
+
+
+def quarantine_entries(
+    tree: qops.Tree, modules: Mapping[str, object], *, now: dt.datetime | None = None
+) -> Quarantine:
+    """``quarantine_at`` with each module's manifest entry already made (what the owner's child
+    is sent: data, not plans)."""
     bad = [m for m in modules if not qj.is_module_name(m)]
     if bad:
         raise HealFailed(f"not module names: {', '.join(map(repr, bad))}; nothing was moved")
@@ -187,7 +195,7 @@ def quarantine_at(
             rels.append(f"build/{module}")
     qid = qops.new_quarantine(tree, now)
     journal = qj.Journal(qj.Op.HEAL, qid, qid, (qid,), tuple(qj.Step(r, JIT, qid) for r in rels))
-    entries = {m: qops.plan_entry(mp) for m, mp in sorted(modules.items())}
+    entries = dict(sorted(modules.items()))
     try:
         qops.write_signed(tree, qid, qj.JOURNAL, "journal", journal.encode())
         doc = qops.manifest_doc(

@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import heal, manifest_digest, plan, routing, survey, treeaccess
+from hal0_reconciler.aiter import (
+    heal,
+    manifest_digest,
+    owner_heal,
+    plan,
+    routing,
+    survey,
+    treeaccess,
+    treeio,
+)
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger()
@@ -155,7 +164,8 @@ class AiterMonitor:
             raise heal.HealFailed(f"no quarantine {qid!r} (known: {', '.join(known) or 'none'})")
         with self.book.locked():
             self._recover(holder)
-            restored, displaced = heal.restore(holder, qid, book=self.book)
+            io = self._io(holder)
+            restored, displaced = owner_heal.restore(io, holder, qid, book=self.book)
         log.warning(
             "aiter.quarantine_restored",
             quarantine=qid,
@@ -163,6 +173,7 @@ class AiterMonitor:
             modules=list(restored.modules),
             displaced=displaced.id if displaced is not None else None,
             verified=restored.verified,
+            credentials=io.describe(),
         )
         memory = heal.load_memory(self._memory_file)
         for env_plan in self.surveyor.survey(self.routing(), memory):
@@ -177,7 +188,7 @@ class AiterMonitor:
     def _recover(self, jit_dir: Path) -> None:
         """Roll each heal or restore a kill interrupted in ``jit_dir`` forward or back."""
         try:
-            rolled = heal.recover(jit_dir, book=self.book)
+            rolled = owner_heal.recover(self._io(jit_dir), jit_dir, book=self.book)
         except (OSError, heal.HealFailed) as exc:
             if (str(jit_dir), "", str(exc)) not in self._refusals:
                 self._refusals.add((str(jit_dir), "", str(exc)))
@@ -194,6 +205,18 @@ class AiterMonitor:
             elif (str(jit_dir), r.quarantine, r.detail) not in self._refusals:
                 self._refusals.add((str(jit_dir), r.quarantine, r.detail))
                 log.error("aiter.interrupted_left_alone", **fields, reason=r.detail)
+
+    def _io(self, jit_dir: Path) -> treeio.TreeIO:
+        """The I/O of the tree ``jit_dir`` is beneath, with its owner's credentials (judged
+        again now); HealFailed when the tree is refused: then nothing is moved, not even as root."""
+        for tree in self.settings.aiter.trees:
+            base = survey.jit_dir_for(tree, tree.base_env)
+            if treeaccess.within(tree, base, jit_dir):
+                access = self.surveyor.trees.access(survey.tree_label(tree), tree, base)
+                if access.io is None or not access.io.beneath(jit_dir):
+                    raise heal.HealFailed(f"{jit_dir}: {access.handled_as}; nothing was moved")
+                return access.io
+        raise heal.HealFailed(f"{jit_dir} is beneath no configured tree; nothing was moved")
 
     def _load_memory(self) -> dict[str, plan.MemoryEntry]:
         return heal.load_memory(self._memory_file)
@@ -237,7 +260,8 @@ class AiterMonitor:
             holders = heal.mapped_by(Path(m.so_path) for m in mods.values())
             try:
                 with self.book.locked():
-                    q = heal.quarantine(jit_dir, mods, book=self.book)
+                    io = self._io(jit_dir)
+                    q = owner_heal.quarantine(io, jit_dir, mods, book=self.book)
             except (heal.HealFailed, OSError) as exc:
                 log.error(  # noqa: TRY400 - the one human line is in `error`
                     "aiter.heal_failed", jit_dir=str(jit_dir), modules=list(names), error=str(exc)
@@ -260,6 +284,7 @@ class AiterMonitor:
                     missing=len(mp.missing),
                     sample=_sample(mp),
                     still_mapped_by=holders.get(str(mp.so_path), []),
+                    credentials=io.describe(),
                 )
             try:
                 heal.save_memory(self._memory_file, memory)
@@ -280,7 +305,7 @@ class AiterMonitor:
         try:
             with self.book.locked():
                 keep = self.settings.aiter.keep_quarantines
-                pruned = heal.prune(jit_dir, keep=keep, book=self.book)
+                pruned = owner_heal.prune(self._io(jit_dir), jit_dir, keep=keep, book=self.book)
         except (OSError, heal.HealFailed) as exc:
             log.error("aiter.quarantine_prune_failed", jit_dir=str(jit_dir), error=str(exc))  # noqa: TRY400
             return

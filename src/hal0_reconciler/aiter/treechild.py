@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from hal0_reconciler import boundedread
-from hal0_reconciler.aiter import treefs
+from hal0_reconciler.aiter import owner_heal_child, treefs
 
 MAX_MESSAGE = 160 * 1024
 """Largest request or answer, in bytes (a socket message; larger input goes by fd)."""
@@ -72,8 +72,9 @@ def _stat_list(st: os.stat_result) -> list[int]:
 class Child:
     """The request loop over one socket, for the roots it was given."""
 
-    def __init__(self, roots: list[str]) -> None:
+    def __init__(self, roots: list[str], sock: socket.socket | None = None) -> None:
         self.roots = roots
+        self.sock = sock  # the heal's questions to the parent's digest book go back over it
 
     def root_fd(self, index: object) -> int:
         if not isinstance(index, int) or not 0 <= index < len(self.roots):
@@ -110,6 +111,10 @@ class Child:
             if op == "fsync":
                 treefs.fsync_dir_at(root, rel)
                 return {}, []
+            if op in owner_heal_child.OPS:
+                if self.sock is None:
+                    return _refused("a heal runs only in the owner's child"), []
+                return owner_heal_child.serve(self.sock, root, rel, req), []
             if op == "write":
                 if len(fds) != 1:
                     return _refused("no data descriptor"), []
@@ -172,7 +177,7 @@ def main() -> int:
     sock.send(json.dumps(hello).encode())
     if why is not None:
         return 2
-    Child([str(r) for r in spec["roots"]]).serve(sock)
+    Child([str(r) for r in spec["roots"]], sock).serve(sock)
     return 0
 
 

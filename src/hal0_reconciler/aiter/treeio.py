@@ -17,13 +17,14 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 import hal0_reconciler
 from hal0_reconciler import boundedread, errors
-from hal0_reconciler.aiter import treechild, treefs
+from hal0_reconciler.aiter import owner_heal_child, treechild, treefs
 from hal0_reconciler.host import proc
 from hal0_reconciler.model import Credentials
 
@@ -292,15 +293,7 @@ class ChildTree(TreeIO):
         try:
             if op == "write":
                 fds = [_memfd(args.pop("data"))]
-            data = json.dumps({"op": op, "root": index, "path": rel, **args}).encode()
-            try:
-                if fds:
-                    socket.send_fds(self._sock, [data], fds)
-                else:
-                    self._sock.send(data)
-            except OSError as exc:
-                self._kill(f"the owner's child as {self.describe()} died ({exc.strerror or exc})")
-                raise TreeUnavailable(0, str(self.dead), str(path)) from None
+            self._send({"op": op, "root": index, "path": rel, **args}, fds, path)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -314,6 +307,41 @@ class ChildTree(TreeIO):
                 os.close(fd)
             raise
         return checked, (got[0] if got else None)
+
+    def _send(self, message: dict[str, Any], fds: list[int], path: PurePath | str) -> None:
+        if self._sock is None:
+            raise TreeUnavailable(0, self.dead or "the owner's child is gone", str(path))
+        data = json.dumps(message).encode()
+        try:
+            if fds:
+                socket.send_fds(self._sock, [data], fds)
+            else:
+                self._sock.send(data)
+        except OSError as exc:
+            self._kill(f"the owner's child as {self.describe()} died ({exc.strerror or exc})")
+            raise TreeUnavailable(0, str(self.dead), str(path)) from None
+
+    def converse(
+        self,
+        op: str,
+        path: PurePath | str,
+        answer: Callable[[dict[str, Any], list[int]], dict[str, Any]],
+        **args: Any,
+    ) -> dict[str, Any]:
+        """One request during which the child asks questions back (``owner_heal_child.ASK``),
+        each answered here by ``answer`` (which closes the fds it is given). Every message from
+        the child waits at most ``timeout``: a hung or dead child is killed, TreeUnavailable."""
+        index, rel = locate(self.roots, path)
+        if self.dead is not None or self._sock is None:
+            raise TreeUnavailable(0, self.dead or "the owner's child is gone", str(path))
+        self._send({"op": op, "root": index, "path": rel, **args}, [], path)
+        while True:
+            message, got = self._receive()
+            if owner_heal_child.ASK not in message:
+                for fd in got:
+                    os.close(fd)
+                return _checked(message, path)
+            self._send(answer(message, got), [], path)
 
     def close(self) -> None:
         self._kill("closed")
