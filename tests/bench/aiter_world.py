@@ -23,7 +23,15 @@ import world as world_mod
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("HAL0_SHARED_DIR", HERE.parents[1].parent / "shared"))
 FIXTURES = SHARED / "fixtures/aiter/e4048607/aiter/configs"
-DATA = HERE.parent / "aiter" / "data" / "configs"
+
+
+def _own_tables() -> Path:
+    """The suite's own tables (tests/aiter/tablegen.py), written once, when no fixture is there."""
+    sys.path.insert(0, str(HERE.parent / "aiter"))
+    import tablegen  # only when the shared fixtures are absent
+
+    return tablegen.WRITTEN_CONFIGS
+
 
 _CHILD = """
 import sys, time
@@ -45,7 +53,7 @@ class AiterWorld:
         self.mb = mb
         self.root = Path(tempfile.mkdtemp(prefix="hal0-bench-aiter-"))
         self.pkg = self.root / "aiter"
-        tables = FIXTURES if FIXTURES.is_dir() else DATA
+        tables = FIXTURES if FIXTURES.is_dir() else _own_tables()
         shutil.copytree(tables, self.pkg / "configs")
         self.jit = self.pkg / "jit"
         (self.jit / "build").mkdir(parents=True)

@@ -3,7 +3,7 @@
     PYTHONPATH=src python tests/bench/bench_aiter_registry.py [--mb 200] [--tables DIR]
 
 Builds two ~N MB modules with gcc (a padding array plus the registered names), a tree from the
-real tables (the fixtures when present, else tests/aiter/data), then times: a cold check (empty
+real tables (the fixtures when present, else the suite's own, tests/aiter/tablegen.py), then times: a cold check (empty
 cache: every module read once), a warm check in the same process, and a warm check in a new
 process (cache from the state dir: stat calls only).
 """
@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +25,16 @@ from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("HAL0_SHARED_DIR", HERE.parents[1].parent / "shared"))
 FIXTURES = SHARED / "fixtures/aiter/e4048607/aiter/configs"
-DATA = HERE.parent / "aiter" / "data" / "configs"
+
+
+def _own_tables() -> Path:
+    """The suite's own tables (tests/aiter/tablegen.py), written once, when no fixture is there."""
+    sys.path.insert(0, str(HERE.parent / "aiter"))
+    import tablegen  # only when the shared fixtures are absent
+
+    return tablegen.WRITTEN_CONFIGS
+
+
 STEM = "a8w8_blockscale_bpreshuffle_tuned_gemm"
 
 
@@ -41,7 +51,7 @@ def build_so(out: Path, names: set[str], mb: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
-    ap.add_argument("--tables", type=Path, default=FIXTURES if FIXTURES.is_dir() else DATA)
+    ap.add_argument("--tables", type=Path, default=FIXTURES if FIXTURES.is_dir() else _own_tables())
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
