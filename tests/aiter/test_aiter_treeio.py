@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import pwd
@@ -159,3 +160,11 @@ def test_a_dead_child_is_an_error_for_the_tree_never_a_hang(
     with pytest.raises(treeio.TreeUnavailable):
         io.lstat(jit)
     assert "died" in str(io.dead)
+
+
+def test_a_stat_crosses_from_the_child_field_for_field(tmp_path: Path) -> None:
+    """The child's wire form of a stat and root's ``Stat`` name the same fields in one order."""
+    assert treefs.STAT_FIELDS == tuple(f.name for f in dataclasses.fields(treeio.Stat))
+    st = os.lstat(tmp_path)
+    assert st.st_ino == treeio.Stat(*treefs.stat_values(st)).ino
+    assert st.st_mtime_ns == treeio.Stat.of(st).mtime_ns

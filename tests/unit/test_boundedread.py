@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,30 @@ def test_undecodable_text_is_refused_naming_the_offset(tmp_path: Path) -> None:
     with pytest.raises(boundedread.ReadRefused) as caught:
         boundedread.read_bounded_text(tmp_path / "f", max_bytes=10)
     assert "not utf-8 text (byte 2 is not valid)" == caught.value.reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_device_node_is_only_ever_pinned_never_opened_for_reading(tmp_path: Path) -> None:
+    """Under strace, the one open of a device node is the O_PATH pin: no read open ever acts
+    on it (some devices act on open)."""
+    node = tmp_path / "dev"
+    os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    trace = tmp_path / "trace"
+    code = (
+        "from hal0_reconciler import boundedread\n"
+        "try:\n"
+        f"    boundedread.read_bounded({str(node)!r}, max_bytes=10)\n"
+        "except boundedread.ReadRefused:\n"
+        "    pass\n"
+    )
+    strace = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace)]
+    subprocess.run(
+        [*strace, sys.executable, "-c", code],
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(boundedread.__file__).parents[1])},
+    )
+    opens = [line for line in trace.read_text().splitlines() if str(node) in line]
+    assert 1 == len(opens), opens
+    assert "O_PATH" in opens[0]

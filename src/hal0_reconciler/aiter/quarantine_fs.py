@@ -10,18 +10,16 @@ same calls can later run unchanged in a child holding the tree owner's credentia
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import stat
 from collections.abc import Callable
 
 from hal0_reconciler import boundedread
+from hal0_reconciler.aiter import treefs
 from hal0_reconciler.errors import ReconcilerError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_RENAME_NOREPLACE = 1
 
 rename_hook: Callable[[int], None] | None = None
 """Called with the rename's number (0, 1, …) before every rename of a heal, restore or roll;
@@ -93,31 +91,10 @@ def make_dir(dir_fd: int, name: str, *, mode: int = 0o700) -> bool:
     return True
 
 
-def _renameat2() -> Callable[..., int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        func: Callable[..., int] = libc.renameat2
-    except (OSError, AttributeError):
-        return None
-    return func
-
-
-_RENAMEAT2 = _renameat2()
-
-
 def rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     """Rename ``src`` beside ``src_fd`` to ``dst`` beside ``dst_fd``; FileExistsError when the
     destination exists (never replaced). Links are renamed, never followed."""
-    if _RENAMEAT2 is not None:
-        res = _RENAMEAT2(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE)
-        if res == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in {errno.ENOSYS, errno.EINVAL}:
-            raise OSError(err, os.strerror(err), src)
-    if lstat_at(dst_fd, dst) is not None:  # no renameat2 here: check, then rename
-        raise FileExistsError(errno.EEXIST, f"{dst} exists")
-    os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    treefs.renameat2_noreplace(src_fd, src, dst_fd, dst)
 
 
 def write_file(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:

@@ -56,19 +56,6 @@ def drop_to(uid: int, gid: int, groups: list[int]) -> str | None:
     return None
 
 
-def _stat_list(st: os.stat_result) -> list[int]:
-    return [
-        st.st_mode,
-        st.st_uid,
-        st.st_gid,
-        st.st_size,
-        st.st_dev,
-        st.st_ino,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-    ]
-
-
 class Child:
     """The request loop over one socket, for the roots it was given."""
 
@@ -88,7 +75,7 @@ class Child:
         try:
             if op == "lstat":
                 st = treefs.lstat_at(root, rel)
-                return {"stat": None if st is None else _stat_list(st)}, []
+                return {"stat": None if st is None else treefs.stat_values(st)}, []
             if op == "list":
                 names = treefs.listdir_at(root, rel)
                 if len(names) > MAX_NAMES:
@@ -96,7 +83,7 @@ class Child:
                 return {"names": names}, []
             if op == "open":
                 fd = treefs.open_regular(root, rel)
-                return {"stat": _stat_list(os.fstat(fd))}, [fd]
+                return {"stat": treefs.stat_values(os.fstat(fd))}, [fd]
             if op == "mkdir":
                 treefs.mkdir_at(root, rel, int(req.get("mode", 0o755)) & 0o7777)
                 return {}, []

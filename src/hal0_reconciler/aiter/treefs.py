@@ -36,6 +36,15 @@ _DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
+STAT_FIELDS = ("mode", "uid", "gid", "size", "dev", "ino", "mtime_ns", "ctime_ns")
+"""What of a file's ``stat`` crosses from the owner's child to root, in this order."""
+
+
+def stat_values(st: os.stat_result) -> list[int]:
+    """``st``'s ``STAT_FIELDS``, in order: the wire form of a stat (``treeio.Stat`` reads it)."""
+    return [getattr(st, f"st_{name}") for name in STAT_FIELDS]
+
+
 class _OpenHow(ctypes.Structure):
     _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
@@ -255,7 +264,7 @@ def rename_at(root_fd: int, src: str, dst: str, *, noreplace: bool = True) -> No
         dst_dir, dst_name = parent_of(root_fd, dst)
         try:
             if noreplace:
-                _renameat2(src_dir, src_name, dst_dir, dst_name)
+                renameat2_noreplace(src_dir, src_name, dst_dir, dst_name)
             else:
                 os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
         finally:
@@ -264,23 +273,30 @@ def rename_at(root_fd: int, src: str, dst: str, *, noreplace: bool = True) -> No
         os.close(src_dir)
 
 
-def _renameat2(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
+def renameat2_noreplace(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
+    """Rename the name ``src`` in ``src_dir`` to ``dst`` in ``dst_dir``; an existing ``dst`` is
+    ``FileExistsError``, never replaced (``renameat2(RENAME_NOREPLACE)``, atomic). Where libc
+    or the filesystem lacks it (ENOSYS, EINVAL): check, then rename (racy, but beneath)."""
     fn = getattr(_LIBC, "renameat2", None)
-    if fn is None:  # pragma: no cover - glibc < 2.28: check, then rename (racy, but beneath)
-        if os.path.lexists(f"/proc/self/fd/{dst_dir}/{dst}"):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    if fn is not None:
+        rc = fn(
+            ctypes.c_int(src_dir),
+            ctypes.c_char_p(os.fsencode(src)),
+            ctypes.c_int(dst_dir),
+            ctypes.c_char_p(os.fsencode(dst)),
+            ctypes.c_uint(_RENAME_NOREPLACE),
+        )
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in {errno.ENOSYS, errno.EINVAL}:
+            raise OSError(err, os.strerror(err), dst)
+    try:
+        os.stat(dst, dir_fd=dst_dir, follow_symlinks=False)
+    except FileNotFoundError:
         os.rename(src, dst, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
         return
-    rc = fn(
-        ctypes.c_int(src_dir),
-        ctypes.c_char_p(os.fsencode(src)),
-        ctypes.c_int(dst_dir),
-        ctypes.c_char_p(os.fsencode(dst)),
-        ctypes.c_uint(_RENAME_NOREPLACE),
-    )
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), dst)
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
 
 
 def fsync_dir_at(root_fd: int, rel: str) -> None:

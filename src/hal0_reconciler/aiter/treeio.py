@@ -69,16 +69,7 @@ class Stat:
 
     @classmethod
     def of(cls, st: os.stat_result) -> Stat:
-        return cls(
-            st.st_mode,
-            st.st_uid,
-            st.st_gid,
-            st.st_size,
-            st.st_dev,
-            st.st_ino,
-            st.st_mtime_ns,
-            st.st_ctime_ns,
-        )
+        return cls(*treefs.stat_values(st))
 
 
 def locate(roots: tuple[Root, ...], path: PurePath | str) -> tuple[int, str]:
