@@ -9,8 +9,8 @@ alone, in this process: ``n`` slots restarted one after another over the last ``
 (their restart times are set in the restarter: reaching that state through it would take
 minutes), each asked again at once, and the CPU of this process (the submitter and the
 restarter thread) from the first request until the last is applied, about ``INTERVAL`` later.
-Unit states and the restart itself are stubbed (one ``systemctl is-active`` per batch and one
-HTTP call per slot, measured elsewhere) and structlog drops its events. The baseline is the
+Unit states and the careful restart itself are stubbed (one ``systemctl is-active`` per batch;
+the idle check, the restart and its confirmation through hal0's API per slot) and structlog drops its events. The baseline is the
 queue it replaced: on every wake-up (each turn, at most every 10 ms) a scan and sort of every
 pending request, for the whole interval (60 s by default; 10 s here).
 """
@@ -30,7 +30,7 @@ sys.path.insert(0, str(world_mod.REPO / "src"))
 import structlog
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host import restart_flow, units
 
 INTERVAL = 10.0
 
@@ -76,23 +76,23 @@ class ScanningRestarter(units.Restarter):
 @contextmanager
 def _stubbed() -> Iterator[None]:
     """Every unit active, every restart accepted, no event rendered."""
-    saved = (units.active_states, units.apply_change)
+    saved = (units.active_states, restart_flow.RestartFlow.step)
 
     def active_states(_s: settings_mod.Settings, tokens: Iterable[str]) -> dict[str, bool | None]:
         return dict.fromkeys(tokens, True)
 
-    def apply_change(
-        _s: settings_mod.Settings, _r: units.RestartRequest, *, active: object = None
+    def step(
+        _flow: restart_flow.RestartFlow, _r: units.RestartRequest, *, active: object, now: float
     ) -> units.RestartResult:
-        _ = active
+        _ = active, now
         return units.RestartResult.RESTARTED
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
-    units.active_states, units.apply_change = active_states, apply_change  # type: ignore[assignment]
+    units.active_states, restart_flow.RestartFlow.step = active_states, step  # type: ignore[assignment,method-assign]
     try:
         yield
     finally:
-        units.active_states, units.apply_change = saved  # type: ignore[assignment]
+        units.active_states, restart_flow.RestartFlow.step = saved  # type: ignore[method-assign]
 
 
 def _wait(restarter: units.Restarter, total: int, timeout: float) -> None:
