@@ -139,6 +139,8 @@ class Settings:
     update_jobs_dir: Path = field(default_factory=lambda: hal0_root() / "var/lib/hal0/update-jobs")
     update_job_max_age: float = 7200.0  # an older queued/running job is a crashed update
     hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
+    quadlet_dir: Path = field(default_factory=lambda: hal0_root() / "etc/containers/systemd")
+    apply_others_labels: bool = False  # restart for a label another writer set (an operator)
     # reporting
     metrics_textfile: Path | None = None
     log_format: LogFormat = LogFormat.AUTO

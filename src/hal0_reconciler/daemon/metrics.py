@@ -47,6 +47,7 @@ class Metrics:
     aiter_fatal_boots: int = 0  # environments whose boot dies at a first table lookup
     restarts_waiting: int = 0  # relabelled slots whose restart waits (busy, hal0 booting, ...)
     restarts_busy_past_bound: int = 0  # of those, busy longer than busy_bound
+    labels_not_applied: dict[str, int] = field(default_factory=dict)  # running slots, by state
 
 
 def _escape(value: str) -> str:
@@ -93,6 +94,13 @@ def render(m: Metrics) -> str:
         "Slots whose restart has waited past busy_bound for them to be idle.",
         f"{m.restarts_busy_past_bound}",
     )
+    lines += _family(
+        "labels_not_applied",
+        "gauge",
+        "Running llama.cpp slots whose container was started for another label, by state "
+        "(apply, tried, not-applied, cannot-tell).",
+    )
+    lines += _labelled("labels_not_applied", "state", m.labels_not_applied)
     lines += _scalar(
         "demotions_total",
         "counter",
