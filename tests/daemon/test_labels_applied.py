@@ -152,9 +152,10 @@ def test_a_label_hal0_rendered_anew_is_applied_and_no_longer_shown(
         assert 1 == len(_restarts(api))
 
 
-def _gauge(settings: settings_mod.Settings, state: str) -> int:
+def _gauge(settings: settings_mod.Settings, state: str, family: str = "labels_not_applied") -> int:
     assert settings.metrics_textfile is not None
-    line = f'hal0_reconciler_labels_not_applied{{state="{state}"}} '
+    label = "reason" if family == "hands_off_slots" else "state"
+    line = f'hal0_reconciler_{family}{{{label}="{state}"}} '
     for row in settings.metrics_textfile.read_text().splitlines():
         if row.startswith(line):
             return int(row.removeprefix(line))
@@ -236,8 +237,8 @@ def test_the_vulkan_opt_in_keeps_hal0s_relabel_from_being_applied(
 
 
 def test_hands_off_and_inactive_slots_are_not_looked_at(host: Host, notify_socket) -> None:
-    """A hands_off slot is left alone, and a slot whose unit is not active runs nothing: neither
-    is restarted nor shown."""
+    """A hands_off slot is left alone (counted with reason operator), and a slot whose unit is
+    not active runs nothing: neither is restarted nor shown."""
     _catalog_era(host)
     for name in ("agent", "coder"):
         _render(host, name, image=VULKAN_IMAGE, gpu=True)
@@ -249,7 +250,9 @@ def test_hands_off_and_inactive_slots_are_not_looked_at(host: Host, notify_socke
             notify_socket.wait_for("READY=1")
             _after_full_passes(logs, 3)
             shown = _status(settings).get("labels_not_applied")
+            hands_off = _gauge(settings, "operator", "hands_off_slots")
         assert {} == shown
+        assert 1 == hands_off
         assert [] == _restarts(api)
 
 

@@ -26,6 +26,8 @@ PublishPort=127.0.0.1:8081:8081
 
 [Install]
 WantedBy=hal0.target
+Image=nor-this-one
+AddDevice=/dev/dri/card9
 """
 
 

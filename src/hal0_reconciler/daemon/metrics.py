@@ -18,6 +18,7 @@ _PREFIX = "hal0_reconciler"
 
 RELABEL_TARGETS = ("gpu-rocm", "cpu")  # the only labels the reconciler ever writes
 LANE_STATES = ("usable", "unusable", "unknown", "not-amd")
+HANDS_OFF = ("operator", "fight")  # why a slot is left alone: hands_off, or a fight
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Metrics:
     rocm_lane: str = "unknown"  # one of LANE_STATES
     unreadable_files: int = 0
     slots: int = 0
-    hands_off: int = 0
+    hands_off: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HANDS_OFF, 0))
     pass_duration: float = 0.0
     last_pass_timestamp: float = 0.0
     rocm_lane_usable: bool = False
@@ -126,9 +127,12 @@ def render(m: Metrics) -> str:
         f"{m.unreadable_files}",
     )
     lines += _scalar("slots", "gauge", "Slot files seen by the last full pass.", f"{m.slots}")
-    lines += _scalar(
-        "hands_off_slots", "gauge", "Slots left alone after a fight.", f"{m.hands_off}"
+    lines += _family(
+        "hands_off_slots",
+        "gauge",
+        "Slots left alone, by reason: operator (hands_off) or fight (another writer).",
     )
+    lines += _labelled("hands_off_slots", "reason", m.hands_off)
     lines += _scalar(
         "pass_duration_seconds", "gauge", "Duration of the last pass.", f"{m.pass_duration:.6f}"
     )

@@ -411,7 +411,12 @@ class Passes:
                 reason = o.verdict.reason if o.verdict is not None else None
                 m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
                 m.restores += reason is Reason.RESTORE_OWN_DEMOTION
-            hands_off = len(self.fights.hands_off)
+            hands_off = {
+                "fight": len(self.fights.hands_off),
+                "operator": m.hands_off.get("operator", 0),
+            }
+            if not same:  # the operator's hands_off, from the entries (they say so)
+                hands_off["operator"] = _operators(p.slots)
             changed = changed or bool(relabeled) or m.hands_off != hands_off
             m.slots = len(p.slots)
             m.hands_off = hands_off
@@ -614,6 +619,11 @@ def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
         and shown.get("name") == entry.get("name")
         and shown.get("path") == entry.get("path")
     )
+
+
+def _operators(slots: dict[SlotKey, dict[str, Any]]) -> int:
+    """Slots the operator's ``hands_off`` names (their entries say so)."""
+    return sum(str(e.get("message", "")).startswith("operator") for e in slots.values())
 
 
 def _entry(o: reconcile.Outcome) -> dict[str, Any]:
