@@ -256,21 +256,27 @@ def test_hands_off_and_inactive_slots_are_not_looked_at(host: Host, notify_socke
         assert [] == _restarts(api)
 
 
-def test_our_own_relabel_is_restarted_once_not_twice(host: Host, notify_socket) -> None:
-    """The daemon relabels a running gpu-vulkan slot: one restart, from the relabel itself;
-    the later checks of the rendered unit do not ask for another."""
-    _catalog_era(host)
-    _render(host, "agent", image=VULKAN_IMAGE, gpu=True)
+def test_our_own_relabel_is_ours_and_restarted_once_not_twice(host: Host, notify_socket) -> None:
+    """The daemon demotes a running gpu-vulkan slot to cpu (ROCm lane unusable; which GPU lane
+    runs cannot be told on this hal0): one restart, from the relabel itself; the checks of the
+    rendered unit know the label is ours and that the restart was made (not "not applied", no
+    second request)."""
+    host.lane(usable=False)
+    _render(host, "agent", image="ghcr.io/hal0ai/hal0-rocmfpx:ade07ba", gpu=True)
     host.systemctl.set_states({UNIT: "active", "hal0-api.service": "active"})
     with Hal0Api() as api:
         api.slot("agent", outcome="error")
         settings = _settings(host, api)
         with running(settings), capture_logs() as logs:
             notify_socket.wait_for("READY=1")
-            drop_slot(host.slots, "agent", device="gpu-vulkan", port=8081)
+            drop_slot(host.slots, "agent", device="gpu-vulkan")
             wait_until(lambda: _restarts(api), what="the restart")
-            wait_until(lambda: (_shown(settings) or {}).get("state") == "tried", what="tried")
+            wait_until(lambda: _shown(settings), what="the slot shown")
             _after_full_passes(logs)
+            shown = _shown(settings)
+        assert "cpu" == (shown or {}).get("label")
+        assert "tried" == (shown or {}).get("state"), shown
+        assert [] == [e for e in logs if e["event"] == "slot.label_applying"]
         assert 1 == len(_restarts(api))
 
 
