@@ -276,7 +276,7 @@ def test_our_own_relabel_is_ours_and_restarted_once_not_twice(host: Host, notify
             shown = _shown(settings)
         assert "cpu" == (shown or {}).get("label")
         assert "tried" == (shown or {}).get("state"), shown
-        assert [] == [e for e in logs if e["event"] == "slot.label_applying"]
+        assert [] == [e for e in logs if e["event"] == "slot.label_restart_requested"]
         assert 1 == len(_restarts(api))
 
 

@@ -136,7 +136,7 @@ class LabelWatch:
             if x.check.state is LabelState.APPLY:
                 c = x.candidate
                 log.info(
-                    "slot.label_applying",
+                    "slot.label_restart_requested",
                     slot=c.name,
                     label=c.label,
                     running=x.check.running,
