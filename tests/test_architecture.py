@@ -20,6 +20,7 @@ PURE = [
     "slots/image.py",
     "host/hal0_code.py",
     "host/hal0_eras.py",
+    "host/running_lane.py",
     "slots/edit.py",
     "slots/_tomlscan.py",
     "slots/limits.py",

@@ -657,11 +657,19 @@ def _plan(current: settings.Settings, args: argparse.Namespace) -> int:
     read = hal0.Hal0Read(
         reconciler.hal0_facts or hal0.read_facts(current).facts, reconciler.hal0_problems
     )
-    return _plan_print(args, facts, read, report)
+    from hal0_reconciler.daemon import labels  # what runs vs the labels (rendered units)
+
+    shown = labels.plan_entries(current, report.outcomes, read.facts) if facts.amd else {}
+    return _plan_print(args, facts, read, report, labels=shown)
 
 
 def _plan_print(
-    args: argparse.Namespace, facts: HostFacts, read: hal0.Hal0Read, report: PassReport | None
+    args: argparse.Namespace,
+    facts: HostFacts,
+    read: hal0.Hal0Read,
+    report: PassReport | None,
+    *,
+    labels: dict[str, dict[str, Any]] | None = None,
 ) -> int:
     """Print the plan (``report`` None: no slot file); its exit code."""
     rows: list[dict[str, str]] = []
@@ -677,10 +685,14 @@ def _plan_print(
     code = EXIT_UNJUDGED if unjudged else EXIT_PENDING if pending else EXIT_OK
     if args.json:
         doc = {"schema": JSON_SCHEMA, "host": _host_json(facts), "hal0": _hal0_json(read)}
-        doc |= {"slots": slots, "pending": pending}
+        doc |= {"slots": slots, "pending": pending, "labels_not_applied": labels or {}}
         console.dump_json({**doc, "unjudged": unjudged, "exit_code": code})
     else:
         console.say(_plan_table(rows, notes, pending, facts, read))
+        if labels:
+            from hal0_reconciler.daemon import labels as label_lines
+
+            console.say("\n".join(label_lines.plan_lines(labels)))
         if unjudged:
             console.say(f"{unjudged} slot file(s) could not be judged: see their REASON")
     return code

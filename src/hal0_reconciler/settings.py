@@ -128,6 +128,7 @@ class Settings:
     idle_confirm: float = 10.0  # no load counters: idle in two reads this far apart
     idle_recheck: float = 5.0  # a busy slot is looked at again this often
     api_wait_bound: float = 600.0  # hal0-api not answering this long: unavailable, fallback
+    warming_recheck: float = 600.0  # a restart left warming (or unanswered): looked at once then
     hal0_api_unit: str = "hal0-api.service"
     hal0_api_user: str = "auto"  # "auto": the User= of hal0_api_unit (hal0 when none is read)
     hal0_api_unit_dirs: tuple[Path, ...] = (
@@ -139,6 +140,8 @@ class Settings:
     update_jobs_dir: Path = field(default_factory=lambda: hal0_root() / "var/lib/hal0/update-jobs")
     update_job_max_age: float = 7200.0  # an older queued/running job is a crashed update
     hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
+    quadlet_dir: Path = field(default_factory=lambda: hal0_root() / "etc/containers/systemd")
+    apply_others_labels: bool = False  # restart for a label another writer set (an operator)
     # reporting
     metrics_textfile: Path | None = None
     log_format: LogFormat = LogFormat.AUTO
@@ -186,6 +189,7 @@ RANGES: dict[str, Range] = {
     "idle_confirm": Range(0, 3600),
     "idle_recheck": Range(0.05, 3600),
     "api_wait_bound": Range(0, 86400),
+    "warming_recheck": Range(0.05, 86400),
     "update_job_max_age": Range(1, 30 * 86400),
     "aiter.keep_quarantines": Range(0, 1000, "quarantines"),
     "aiter.settle_window": Range(0.01, 600),

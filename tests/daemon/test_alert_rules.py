@@ -173,7 +173,7 @@ def test_a_fight_is_counted(host: Host, notify_socket: Any, tmp_path: Path) -> N
             lambda: "hal0_reconciler_fights_total 1" in metrics_file.read_text(), what="counted"
         )
         wait_until(
-            lambda: "hal0_reconciler_hands_off_slots 1" in metrics_file.read_text(),
+            lambda: 'hal0_reconciler_hands_off_slots{reason="fight"} 1' in metrics_file.read_text(),
             what="hands off",
         )
     assert "gpu-vulkan" == device_of(slot)

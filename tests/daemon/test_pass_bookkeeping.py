@@ -37,7 +37,7 @@ def test_hands_off_slots_stay_in_the_status_on_a_full_pass(tmp_path: Path) -> No
     entry = bench.status(slot)
     assert entry is not None, "a hands-off slot dropped out of the status on a full pass"
     assert "hands-off" == entry["status"], f"hands-off slot shown as {entry['status']}"
-    assert 1 == bench.passes.progress.metrics.hands_off, "metrics miscount hands-off slots"
+    assert 1 == bench.passes.progress.metrics.hands_off["fight"], "metrics miscount hands-off slots"
 
 
 def test_the_pass_counter_counts_each_pass_once(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_status_and_metrics_after_a_pass_say_what_happened(tmp_path: Path) -> No
     assert ("unreadable", None) == (unreadable["status"], unreadable.get("name"))
     assert unreadable.get("message"), "an unreadable slot's status says not why"
     m = bench.passes.progress.metrics
-    assert ({"gpu-rocm": 1}, 1, 3, 0, True) == (
+    assert ({"gpu-rocm": 1}, 1, 3, {"fight": 0, "operator": 0}, True) == (
         {k: n for k, n in m.relabels.items() if n},
         m.unreadable_files,
         m.slots,

@@ -71,9 +71,10 @@ def test_a_fight_is_counted_said_once_and_shown_hands_off(tmp_path: Path) -> Non
         bench.slot("agent")  # reverted once more: hands off, no fight said again
         bench.changed(slot)
     text = prom.read_text()
-    assert (1, 1) == (_sample(text, "fights_total"), _sample(text, "hands_off_slots")), (
-        "the fight is not counted in the textfile"
-    )
+    assert (1, 1) == (
+        _sample(text, "fights_total"),
+        _sample(text, 'hands_off_slots{reason="fight"}'),
+    ), "the fight is not counted in the textfile"
     said = [e for e in logs if e["event"] == "slot.fight_detected"]
     assert 1 == len(said), f"the fight was said {len(said)} times"
     assert ("error", "agent", str(slot.absolute()), 2, "gpu-rocm") == (

@@ -380,3 +380,30 @@ def test_a_dropped_restart_that_left_the_slot_in_error_is_restarted_again(rig: R
         wait_until(lambda: restarter.results, what="the restart")
     assert {Result.RESTARTED: 1} == dict(restarter.results)
     assert 1 == rig.restarts()
+
+
+@pytest.mark.parametrize(
+    ("later", "event", "failed"),
+    [("ready", "unit.restart_came_up", False), ("warming", "unit.restart_never_came_up", True)],
+)
+def test_a_restart_left_warming_is_looked_at_once_later(
+    rig: Rig, later: str, event: str, failed: bool
+) -> None:
+    """hal0 answered warming (failed, may still come up): one look after warming_recheck, no
+    second restart; it came up (the failure is cleared) or it did not (a warning, still
+    failed)."""
+    rig.api.slot("agent", outcome="warming", restart_for=0.05)
+    restarter = units.Restarter(rig.settings(warming_recheck="0.3"))
+    with capture_logs() as logs, restarter:
+        restarter.submit(units.RestartRequest(name="agent", token="agent"))
+        wait_until(lambda: restarter.results, what="the restart's end")
+        rig.api.slot("agent", state=later)
+        wait_until(lambda: any(e["event"] == event for e in logs), what=event)
+        pending = restarter.pending()
+    assert {Result.NO_ANSWER: 1} == dict(restarter.results)
+    assert 1 == rig.restarts()
+    assert {} == pending
+    assert failed == ("agent" in restarter.report()["failed"])  # type: ignore[operator]
+    assert 1 == sum(
+        e["event"] in {"unit.restart_came_up", "unit.restart_never_came_up"} for e in logs
+    )

@@ -93,6 +93,7 @@ class Host:
             "api_url": "http://127.0.0.1:9",  # discard port: nothing listens
             "api_env_file": str(self.root / "etc/hal0/api.env"),
             "update_jobs_dir": str(self.root / "var/lib/hal0/update-jobs"),
+            "quadlet_dir": str(self.root / "etc/containers/systemd"),
             "idle_recheck": "0.1",
             "idle_confirm": "0.3",
             "systemctl": str(self.systemctl.path),

@@ -18,6 +18,7 @@ _PREFIX = "hal0_reconciler"
 
 RELABEL_TARGETS = ("gpu-rocm", "cpu")  # the only labels the reconciler ever writes
 LANE_STATES = ("usable", "unusable", "unknown", "not-amd")
+HANDS_OFF = ("operator", "fight")  # why a slot is left alone: hands_off, or a fight
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Metrics:
     rocm_lane: str = "unknown"  # one of LANE_STATES
     unreadable_files: int = 0
     slots: int = 0
-    hands_off: int = 0
+    hands_off: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HANDS_OFF, 0))
     pass_duration: float = 0.0
     last_pass_timestamp: float = 0.0
     rocm_lane_usable: bool = False
@@ -47,6 +48,7 @@ class Metrics:
     aiter_fatal_boots: int = 0  # environments whose boot dies at a first table lookup
     restarts_waiting: int = 0  # relabelled slots whose restart waits (busy, hal0 booting, ...)
     restarts_busy_past_bound: int = 0  # of those, busy longer than busy_bound
+    labels_not_applied: dict[str, int] = field(default_factory=dict)  # running slots, by state
 
 
 def _escape(value: str) -> str:
@@ -93,6 +95,13 @@ def render(m: Metrics) -> str:
         "Slots whose restart has waited past busy_bound for them to be idle.",
         f"{m.restarts_busy_past_bound}",
     )
+    lines += _family(
+        "labels_not_applied",
+        "gauge",
+        "Running llama.cpp slots whose container was started for another label, by state "
+        "(apply, tried, not-applied, cannot-tell).",
+    )
+    lines += _labelled("labels_not_applied", "state", m.labels_not_applied)
     lines += _scalar(
         "demotions_total",
         "counter",
@@ -118,9 +127,12 @@ def render(m: Metrics) -> str:
         f"{m.unreadable_files}",
     )
     lines += _scalar("slots", "gauge", "Slot files seen by the last full pass.", f"{m.slots}")
-    lines += _scalar(
-        "hands_off_slots", "gauge", "Slots left alone after a fight.", f"{m.hands_off}"
+    lines += _family(
+        "hands_off_slots",
+        "gauge",
+        "Slots left alone, by reason: operator (hands_off) or fight (another writer).",
     )
+    lines += _labelled("hands_off_slots", "reason", m.hands_off)
     lines += _scalar(
         "pass_duration_seconds", "gauge", "Duration of the last pass.", f"{m.pass_duration:.6f}"
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
-from hal0_reconciler.daemon import fights, memory, metrics, selfheal, workqueue
+from hal0_reconciler.daemon import fights, labels, memory, metrics, selfheal, workqueue
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
@@ -189,6 +189,7 @@ class Passes:
         self._reconciler_factory = reconciler_factory
         self._reconciler: reconcile.Reconciler | None = None
         self._restarter = restarter
+        self.labels = labels.LabelWatch(settings, restarter.submit)  # "label not applied"
         self._aiter = selfheal_
         self._wake = wake
         # per slot: the last outcome and the status entry made of it (same outcome, same entry)
@@ -209,6 +210,7 @@ class Passes:
                 self._reconciler = None
             self._settings = settings
         self.fights.tune(limit=settings.fight_limit, window=settings.fight_window)
+        self.labels.update_settings(settings)
         self._lane.tune(grace=settings.demote_grace)
 
     def stats(self) -> Stats:
@@ -311,6 +313,10 @@ class Passes:
                 self.progress.revision += 1
             self.progress.metrics.demoted_slots = demoted
         fresh = self._absorb(report, facts=facts, full=full, before=before)
+        if facts.amd and (full or report.relabeled):  # what runs vs the labels
+            looked = self.labels.check(report.outcomes, reconciler.hal0_facts, full=full)
+            with self.lock:
+                self.progress.revision += int(looked)
         self._note_hal0(reconciler)
         if fresh >= memory.BIG_BATCH:  # not a full pass that found every file as it was
             self._garbage = True
@@ -405,7 +411,12 @@ class Passes:
                 reason = o.verdict.reason if o.verdict is not None else None
                 m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
                 m.restores += reason is Reason.RESTORE_OWN_DEMOTION
-            hands_off = len(self.fights.hands_off)
+            hands_off = {
+                "fight": len(self.fights.hands_off),
+                "operator": m.hands_off.get("operator", 0),
+            }
+            if not same:  # the operator's hands_off, from the entries (they say so)
+                hands_off["operator"] = _operators(p.slots)
             changed = changed or bool(relabeled) or m.hands_off != hands_off
             m.slots = len(p.slots)
             m.hands_off = hands_off
@@ -466,6 +477,7 @@ class Passes:
                 "changes otherwise or the daemon restarts",
             )
         if o.name is not None and o.token is not None:
+            self.labels.note_relabeled(o.token, o.verdict.new)
             self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
 
     def _note_write_failures(self, report: reconcile.PassReport) -> None:
@@ -501,6 +513,7 @@ class Passes:
             m.restarts = {r.value: results.get(r, 0) for r in units.RestartResult}
             m.restarts_waiting = len(waits["waiting"])  # type: ignore[arg-type]
             m.restarts_busy_past_bound = len(waits["busy_past_bound"])  # type: ignore[arg-type]
+            m.labels_not_applied = self.labels.counts()
             m.aiter_not_converging = not_converging
             m.aiter_fatal_boots = fatal_boots
             m.aiter_enabled = self._aiter.enabled
@@ -606,6 +619,11 @@ def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
         and shown.get("name") == entry.get("name")
         and shown.get("path") == entry.get("path")
     )
+
+
+def _operators(slots: dict[SlotKey, dict[str, Any]]) -> int:
+    """Slots the operator's ``hands_off`` names (their entries say so)."""
+    return sum(str(e.get("message", "")).startswith("operator") for e in slots.values())
 
 
 def _entry(o: reconcile.Outcome) -> dict[str, Any]:

@@ -411,6 +411,7 @@ class Runner:
         degraded += tuple(self._restarter.problems().values())  # failed, busy past bound, API
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         snapshot["restarts"] = self._restarter.report()
+        snapshot["labels_not_applied"] = self._passes.labels.report()
         snapshot["reload"] = self._reloads.snapshot()
         try:
             status.write_status(self._settings, snapshot)

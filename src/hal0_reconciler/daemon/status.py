@@ -213,6 +213,11 @@ def report(
         lines.append(f"  restart waits: {name}: {why}")
     for name, message in sorted((restarts.get("failed") or {}).items()):
         lines.append(f"  restart failed: {name}: {message}")
+    for name, e in sorted((snapshot.get("labels_not_applied") or {}).items()):
+        lines.append(
+            f"  label not applied: {inert(name)}: {inert(e.get('label'))}, running "
+            f"{inert(e.get('running'))} ({inert(e.get('state'))}: {inert(e.get('reason'))})"
+        )
     hands_off = snapshot.get("hands_off") or []
     if hands_off:
         lines.append(f"  hands off (fight): {', '.join(inert(n) for n in hands_off)}")

@@ -12,24 +12,18 @@ so a slot that stays busy is told apart from one that just became busy.
 from __future__ import annotations
 
 import enum
-import json
-import os
-import time
 import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from hal0_reconciler import _log, boundedread, errors, fsio
-from hal0_reconciler.host import hal0_api, proc, restart_rules
+from hal0_reconciler import _log, errors
+from hal0_reconciler.host import hal0_api, proc, restart_rules, restart_state
 from hal0_reconciler.host.restart_rules import Load, Outcome
 from hal0_reconciler.settings import RestartFallback, Settings
 
 log = _log.get_logger("hal0_reconciler.host.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
-_JOB_MAX_BYTES = 1 << 20
 _MAX_BACKOFF = 30.0
-IN_FLIGHT_FILE = "restarts-in-flight.json"
 
 
 class RestartResult(enum.StrEnum):
@@ -54,6 +48,7 @@ class RestartRequest:
     token: str  # the unit instance: the slot's id when set, else its name
     pinned: bool = False  # the slot's `pinned = true`: restarted only when idle, like any other
     confirm: bool = False  # a restart left in flight by a stop: confirm it first
+    recheck: bool = False  # a restart that ended with no answer or warming: look once, no restart
 
 
 @dataclass(frozen=True)
@@ -168,7 +163,7 @@ class RestartFlow:
         if not active:
             log.debug("unit.restart_skipped_inactive", slot=request.name, unit=unit)
             return RestartResult.INACTIVE
-        job = self._update_job()
+        job = restart_state.update_job(self.settings)
         if job is not None:
             return Later(self.settings.idle_recheck, f"hal0 update {job} in progress")
         try:
@@ -192,6 +187,8 @@ class RestartFlow:
             return self._failed(request, str(exc))
         except hal0_api.ApiError as exc:
             return self._api_unavailable(request, wait, str(exc), now=now)
+        if request.recheck:
+            return self._rechecked(request, reading.state)
         if request.confirm and reading.state in restart_rules.SETTLED:
             log.info("unit.restart_confirmed", slot=request.name, unit=unit, state=reading.state)
             return RestartResult.RESTARTED
@@ -321,6 +318,22 @@ class RestartFlow:
             )
         return self._failed(request, f"state error: {self._message(client, request.name)}")
 
+    def _rechecked(self, request: RestartRequest, state: str) -> RestartResult:
+        """The one later look at a restart that ended without the slot up: it came up, or not."""
+        if restart_rules.judge_answer(state) is Outcome.DONE:
+            self.report.failures.pop(request.name, None)
+            log.info("unit.restart_came_up", slot=request.name, state=state)
+            return RestartResult.RESTARTED
+        self.report.failures[request.name] = f"did not come up: state {state} at the re-check"
+        log.warning(
+            "unit.restart_never_came_up",
+            slot=request.name,
+            unit=unit_name(request.token),
+            state=state,
+            action="see the slot in hal0; restart it there to apply its new device",
+        )
+        return RestartResult.FAILED
+
     def _message(self, client: hal0_api.Hal0Client, name: str) -> str:
         """hal0's ``metadata.message`` for a slot in error (``GET /api/slots/{name}``)."""
         try:
@@ -369,7 +382,7 @@ class RestartFlow:
         api_state = unit_states(self.settings, [self.settings.hal0_api_unit])[0]
         down = api_state is not None and api_state not in _ACTIVE_STATES
         unit = unit_name(request.token)
-        if self.settings.restart_fallback is RestartFallback.STOP and down:
+        if self.settings.restart_fallback is RestartFallback.STOP and down and not request.recheck:
             return self._stop(request, error, api_state or "")
         log.warning(
             "unit.restart_failed",
@@ -407,73 +420,20 @@ class RestartFlow:
         )
         return RestartResult.STOPPED
 
-    # -- an update in progress ------------------------------------------------------------------
-    def _update_job(self) -> str | None:
-        """The id of a queued/running hal0 update job (not older than update_job_max_age)."""
-        folder = self.settings.update_jobs_dir
-        try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
-        except OSError:
-            return None
-        wall = time.time()
-        for name in names[:1000]:
-            path = folder / name
-            try:
-                age = wall - path.lstat().st_mtime
-                text = boundedread.read_bounded_text(path, max_bytes=_JOB_MAX_BYTES)
-                job = json.loads(text or "{}")
-            except (OSError, ValueError, boundedread.ReadRefused):
-                continue
-            if isinstance(job, dict) and restart_rules.update_in_progress(
-                job, age=age, max_age=self.settings.update_job_max_age
-            ):
-                return name.removesuffix(".json")
-        return None
-
     # -- a restart in flight when the daemon stops ----------------------------------------------
-    def _in_flight_path(self) -> Path:
-        return self.settings.state_dir / IN_FLIGHT_FILE
-
     def in_flight(self) -> list[RestartRequest]:
         """Restarts a stop left unconfirmed (to confirm at this start)."""
-        try:
-            text = boundedread.read_bounded_text(
-                self._in_flight_path(), max_bytes=_JOB_MAX_BYTES, missing_ok=True
-            )
-            doc = json.loads(text or "{}")
-        except (ValueError, boundedread.ReadRefused) as exc:
-            log.warning(
-                "unit.in_flight_unreadable", path=str(self._in_flight_path()), error=str(exc)
-            )
-            return []
-        found = []
-        for token, entry in doc.items() if isinstance(doc, dict) else ():
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                found.append(RestartRequest(name=entry["name"], token=str(token), confirm=True))
-        return found
+        found = restart_state.read_in_flight(restart_state.in_flight_path(self.settings))
+        return [RestartRequest(name=n, token=t, confirm=True) for t, n in found.items()]
 
     def take_in_flight(self) -> list[RestartRequest]:
         """``in_flight()``, and the file removed (each is resubmitted; a new stop writes it
         again)."""
         found = self.in_flight()
-        try:
-            self._in_flight_path().unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning(
-                "unit.in_flight_unwritable", path=str(self._in_flight_path()), error=str(exc)
-            )
+        restart_state.remove_in_flight(restart_state.in_flight_path(self.settings))
         return found
 
     def _write_in_flight(self, request: RestartRequest, request_id: str) -> None:
         """Called by ``abort`` (the stopping thread): the restart dropped is confirmed later."""
-        path = self._in_flight_path()
-        doc: dict[str, dict[str, object]] = {r.token: {"name": r.name} for r in self.in_flight()}
-        doc[request.token] = {
-            "name": request.name,
-            "request_id": request_id,
-            "dropped_at": round(time.time(), 3),
-        }
-        try:
-            fsio.write_json(path, doc, mode=0o600)
-        except OSError as exc:
-            log.warning("unit.in_flight_unwritable", path=str(path), error=str(exc))
+        path = restart_state.in_flight_path(self.settings)
+        restart_state.write_in_flight(path, request.token, request.name, request_id)

@@ -12,6 +12,7 @@ waits on an HTTP server or systemctl.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import threading
@@ -288,12 +289,17 @@ class Restarter(lifecycle.StartStop):
     def _done(self, request: RestartRequest, result: RestartResult | Later) -> None:
         with self._cond:
             previous = self._previous.pop(request.token, None)
-            nothing_done = isinstance(result, Later) or result in {
-                RestartResult.INACTIVE,
-                RestartResult.UNKNOWN_STATE,
-                RestartResult.NEXT_LOAD,
-                RestartResult.ABANDONED,
-            }
+            nothing_done = (
+                isinstance(result, Later)
+                or request.recheck
+                or result
+                in {
+                    RestartResult.INACTIVE,
+                    RestartResult.UNKNOWN_STATE,
+                    RestartResult.NEXT_LOAD,
+                    RestartResult.ABANDONED,
+                }
+            )
             if nothing_done:
                 # nothing was done: it does not count against the rate limit
                 if previous is None:
@@ -314,4 +320,9 @@ class Restarter(lifecycle.StartStop):
                 if request.token not in self._pending:  # a newer request is due sooner
                     self._put(request, time.monotonic() + result.delay)
                 return
-            self.results[result] += 1
+            if not request.recheck:  # a re-check is a look, not a restart
+                self.results[result] += 1
+            may_come_up = result is RestartResult.NO_ANSWER and not request.recheck
+            if may_come_up and request.token not in self._pending:  # looked at once, later
+                later = dataclasses.replace(request, recheck=True, confirm=False)
+                self._put(later, time.monotonic() + self._settings.warming_recheck)

@@ -1,0 +1,205 @@
+"""Whether what runs is what the slot files say: "label not applied", and applying ours.
+
+After a pass (every full pass: at start and at each resync; and each pass that relabelled), each
+running llama.cpp slot that hal0 has rendered is compared with its label (``host.label_check``,
+decided by ``host.running_lane``). A change this daemon wrote, or that hal0's own relabel pass
+wrote, is applied by the idle-then-restart path (the Restarter), once per change; any other
+change, and a slot whose running lane cannot be told, is reported (``plan``, ``status``, the
+``labels_not_applied`` gauge), not restarted. A slot whose unit is not active runs nothing:
+its label applies at its next load.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hal0_reconciler import _log, console, reconcile
+from hal0_reconciler.host import label_check, restart_rules, running_lane, units
+from hal0_reconciler.host.envfile import read_env_file
+from hal0_reconciler.host.running_lane import Intent, LabelState
+from hal0_reconciler.model import Hal0Facts, Runtime
+from hal0_reconciler.settings import Settings
+
+log = _log.get_logger("hal0_reconciler.daemon.labels")
+
+REPORTED = (LabelState.APPLY, LabelState.TRIED, LabelState.NOT_APPLIED, LabelState.CANNOT_TELL)
+"""Every state of a running slot whose label is not applied (the gauge's ``state`` label)."""
+
+_LOOKED_AT = frozenset(
+    {
+        reconcile.OutcomeStatus.UNCHANGED,
+        reconcile.OutcomeStatus.RELABELED,
+        reconcile.OutcomeStatus.PENDING,
+    }
+)
+
+
+def candidates(
+    outcomes: Iterable[reconcile.Outcome], settings: Settings
+) -> list[label_check.Candidate]:
+    """The llama.cpp slots of a pass, with the label each file has now."""
+    found = []
+    for o in outcomes:
+        v = o.verdict
+        if o.status not in _LOOKED_AT or v is None or o.name is None or o.token is None:
+            continue
+        if v.runtime is not Runtime.LLAMA_SERVER:
+            continue
+        label = v.new if o.status is reconcile.OutcomeStatus.RELABELED and v.new else v.old
+        if label not in running_lane.LANES:
+            continue
+        off = restart_rules.is_hands_off(settings.hands_off, name=o.name, slot_id=o.token)
+        found.append(label_check.Candidate(o.name, o.token, label, o.path, hands_off=off))
+    return found
+
+
+def vulkan_paused(settings: Settings) -> bool:
+    try:
+        environment = read_env_file(settings.api_env_file)
+    except (OSError, UnicodeDecodeError):
+        environment = {}
+    return restart_rules.vulkan_fallback_allowed(environment)
+
+
+def look(
+    settings: Settings,
+    outcomes: Iterable[reconcile.Outcome],
+    facts: Hal0Facts,
+    memory: label_check.AppliedMemory,
+) -> list[label_check.Looked]:
+    """Every rendered llama.cpp slot of ``outcomes``, judged (no unit state asked yet)."""
+    return label_check.look(
+        candidates(outcomes, settings),
+        quadlet_dir=settings.quadlet_dir,
+        facts=facts,
+        memory=memory,
+        intent=Intent(
+            apply_others=settings.apply_others_labels, vulkan_paused=vulkan_paused(settings)
+        ),
+        slot_max_bytes=settings.slot_max_bytes,
+    )
+
+
+def running_mismatches(
+    settings: Settings, looked: list[label_check.Looked]
+) -> list[label_check.Looked]:
+    """The slots whose label is not applied and whose unit is active (one systemctl call)."""
+    wrong = [x for x in looked if x.check.state is not LabelState.APPLIED]
+    if not wrong:
+        return []
+    active = units.active_states(settings, [x.candidate.token for x in wrong])
+    return [x for x in wrong if active.get(x.candidate.token) is True]
+
+
+def entry(x: label_check.Looked) -> dict[str, str]:
+    """One slot's line in status and plan."""
+    return {
+        "label": x.check.label,
+        "running": x.check.running,
+        "state": x.check.state.value,
+        "reason": x.check.reason,
+    }
+
+
+class LabelWatch:
+    """The daemon's side: looks after a pass, applies ours, keeps what status shows."""
+
+    def __init__(self, settings: Settings, submit: Callable[[units.RestartRequest], None]) -> None:
+        self._settings = settings
+        self._submit = submit
+        self._lock = threading.Lock()
+        self._memory = label_check.AppliedMemory(settings.state_dir / label_check.MEMORY_FILE)
+        self._shown: dict[str, dict[str, str]] = {}  # slot name -> its entry
+
+    def update_settings(self, settings: Settings) -> None:
+        if settings.state_dir != self._settings.state_dir:
+            self._memory = label_check.AppliedMemory(settings.state_dir / label_check.MEMORY_FILE)
+        self._settings = settings
+
+    def note_relabeled(self, token: str | None, label: str | None) -> None:
+        """This daemon wrote ``label`` and asked for the restart (not asked again)."""
+        if token is not None and label is not None:
+            self._memory.note_written(token, label)
+
+    def check(
+        self, outcomes: tuple[reconcile.Outcome, ...], facts: Hal0Facts | None, *, full: bool
+    ) -> bool:
+        """Look at the pass's slots; True when what status shows changed."""
+        if facts is None:
+            return False
+        settings = self._settings
+        looked = look(settings, outcomes, facts, self._memory)
+        running = running_mismatches(settings, looked)
+        for x in running:
+            if x.check.state is LabelState.APPLY:
+                c = x.candidate
+                log.info(
+                    "slot.label_restart_requested",
+                    slot=c.name,
+                    label=c.label,
+                    running=x.check.running,
+                    reason=x.check.reason,
+                )
+                self._memory.note_restarted(c.token, c.label, x.fingerprint)
+                self._submit(units.RestartRequest(name=c.name, token=c.token))
+        if full:
+            self._memory.keep_only(c.token for c in candidates(outcomes, settings))
+        fresh = {x.candidate.name: entry(x) for x in running}
+        with self._lock:
+            if full:
+                shown = fresh
+            else:
+                looked_names = {x.candidate.name for x in looked}
+                shown = {n: e for n, e in self._shown.items() if n not in looked_names}
+                shown.update(fresh)
+            changed = shown != self._shown
+            for name, e in sorted(shown.items()):
+                said = self._shown.get(name)
+                if e["state"] in {"not-applied", "cannot-tell"} and said != e:
+                    log.info("slot.label_not_applied", slot=name, **e)
+            self._shown = shown
+        return changed
+
+    def report(self) -> dict[str, dict[str, str]]:
+        """Slot name -> label, running lane, state and reason (status ``labels_not_applied``)."""
+        with self._lock:
+            return dict(sorted(self._shown.items()))
+
+    def counts(self) -> dict[str, int]:
+        """Running slots whose label is not applied, by state (every state, from 0)."""
+        with self._lock:
+            found = dict.fromkeys((s.value for s in REPORTED), 0)
+            for e in self._shown.values():
+                found[e["state"]] = found.get(e["state"], 0) + 1
+            return found
+
+
+def plan_entries(
+    settings: Settings, outcomes: Iterable[reconcile.Outcome], facts: Hal0Facts | None
+) -> dict[str, dict[str, Any]]:
+    """For ``plan``: each running slot whose label is not applied (nothing is remembered or
+    restarted; the daemon's memory is read, never written)."""
+    if facts is None:
+        return {}
+    memory = label_check.AppliedMemory.read_only(settings.state_dir / label_check.MEMORY_FILE)
+    looked = look(settings, outcomes, facts, memory)
+    return {x.candidate.name: entry(x) for x in running_mismatches(settings, looked)}
+
+
+def plan_lines(entries: dict[str, dict[str, Any]]) -> list[str]:
+    """``plan``'s lines for people (every value shown inert)."""
+    inert = console.inert
+    lines = ["label not applied (running slots whose container was started for another label):"]
+    for name, e in sorted(entries.items()):
+        lines.append(
+            f"  {inert(name)}: label {inert(e['label'])}, running {inert(e['running'])}: "
+            f"{inert(e['state'])} ({inert(e['reason'])})"
+        )
+    if any(e["state"] == LabelState.APPLY for e in entries.values()):
+        lines.append(
+            "  the daemon restarts those marked apply through hal0 once each is idle, one at a "
+            "time; a restart may unload other idle slots (hal0 evicts to make room)"
+        )
+    return lines
