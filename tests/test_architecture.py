@@ -31,6 +31,7 @@ PURE = [
     "aiter/plan.py",
     "aiter/rules.py",
     "aiter/whose.py",
+    "reconcile/judge.py",
 ]
 PURE_PATH_NAMES = {"PurePath", "PurePosixPath"}  # path arithmetic without touching the disk
 IO_MODULES = {

@@ -35,11 +35,8 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 from hal0_reconciler import console
+from hal0_reconciler._writelock import WRITE_LOCK
 from hal0_reconciler.settings import LogFormat
-
-# Every line this process logs (structlog's and stdlib's, from any thread) is written whole under
-# this one lock: two sinks with locks of their own could put two events on one line.
-WRITE_LOCK = threading.RLock()
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}  # logging's
 # sd-daemon(3) priorities by structlog method / level name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
-from hal0_reconciler._log import WRITE_LOCK
+from hal0_reconciler._writelock import WRITE_LOCK
 
 
 class _StdlibJournalFormatter(logging.Formatter):
@@ -36,8 +36,8 @@ class _StdlibJsonFormatter(logging.Formatter):
 class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The stdlib handler this module installs (the one a second ``configure`` replaces).
 
-    It writes under ``_log.WRITE_LOCK``, the lock structlog's lines are written under, so a
-    library's warning and an event logged at the same instant stay two lines.
+    It writes under ``_writelock.WRITE_LOCK``, the lock structlog's lines are written under, so
+    a library's warning and an event logged at the same instant stay two lines.
     """
 
     def createLock(self) -> None:  # noqa: N802 - logging's name

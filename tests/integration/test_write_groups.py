@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from hal0_reconciler import fsio, reconcile
-from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
+from hal0_reconciler import fsio
+from hal0_reconciler.reconcile import OutcomeStatus, Reconciler, writegroup
 from hal0_reconciler.slots import edit, store
 from helpers.daemon_host import slot_text
 from helpers.hosts import ROCM_USABLE
@@ -39,7 +39,7 @@ def test_a_pass_writes_its_relabels_in_groups_each_under_one_lock_hold(
     host_dirs: dict[str, Path], make_settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = _slots(host_dirs["slots_dir"], 5)
-    monkeypatch.setattr(reconcile, "WRITE_GROUP", 2)
+    monkeypatch.setattr(writegroup, "WRITE_GROUP", 2)  # where the pass reads it
     events: list[str] = []
     real_lock, real_commit = store.slot_write_lock, fsio.commit_writes
 
@@ -86,7 +86,7 @@ def test_one_files_failed_write_is_its_own_and_clears_leftover_temps(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    engine._temps_checked = True  # the start's own clean-up is done: only a failure clears
+    engine._temps._checked = True  # the start's own clean-up is done: only a failure clears
     leftover.write_text("left by a crash")
     with structlog.testing.capture_logs() as logs:
         report = engine.reconcile(ROCM_USABLE)
@@ -110,7 +110,7 @@ def test_without_a_failure_no_temp_file_is_looked_for(
     folder = host_dirs["slots_dir"]
     _slots(folder, 2)
     engine = Reconciler(make_settings())
-    engine._temps_checked = True
+    engine._temps._checked = True
     leftover = fsio.temp_path_for(folder / "crashed.toml")
     leftover.write_text("left by a crash")
     engine.reconcile(ROCM_USABLE)
