@@ -6,13 +6,16 @@ stand-in, a real HTTP server for hal0's API that records which restarts overlap.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import restart_state, units
-from helpers.daemon_host import wait_until
+from helpers.daemon_host import Host, running, wait_until
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api
 
@@ -139,3 +142,65 @@ def test_in_flight_writes_from_many_threads_keep_every_restart(tmp_path: Path) -
     for thread in threads:
         thread.join(30)
     assert sorted(tokens) == sorted(restart_state.read_in_flight(path))
+
+
+def test_status_shows_the_failures_of_every_worker(tmp_path: Path) -> None:
+    """Two restarts failing at once on two workers: status's report names both slots with
+    hal0's error, and the problem line counts both."""
+    with Hal0Api() as api:
+        for name in ("agent", "coder"):
+            api.slot(name, restart_for=1.0, outcome="error")
+        settings = _settings(tmp_path, api, ["agent", "coder"], restart_concurrency=2)
+        with units.Restarter(settings) as restarter:
+            restarter.submit(_request("agent"))
+            restarter.submit(_request("coder"))
+            wait_until(
+                lambda: restarter.results[units.RestartResult.FAILED] == 2,
+                timeout=30,
+                what="both failed",
+            )
+            failed = restarter.report()["failed"]
+            problem = restarter.problems()["restart-failed"]
+        assert ("agent", "coder") in api.at_once
+        assert isinstance(failed, dict)
+        assert ["agent", "coder"] == sorted(failed)
+        assert all("slot.spawn_failed" in message for message in failed.values())
+        assert problem.startswith("restart of slot agent failed")
+        assert problem.endswith("(+1 more)")
+
+
+def test_busy_for_is_the_age_of_the_oldest_restart_in_progress(tmp_path: Path) -> None:
+    """Two restarts in progress, the second started later: the stuck check sees the first's
+    age, not the newer one's."""
+    with Hal0Api() as api:
+        for name in ("agent", "coder"):
+            api.slot(name, restart_for=4.0)
+        settings = _settings(tmp_path, api, ["agent", "coder"], restart_concurrency=2)
+        with units.Restarter(settings) as restarter:
+            restarter.submit(_request("agent"))
+            wait_until(lambda: api.at_once, timeout=20, what="the first restart")
+            first_seen = time.monotonic()  # agent's restart began before this
+            threading.Event().wait(0.5)
+            restarter.submit(_request("coder"))
+            wait_until(lambda: ("agent", "coder") in api.at_once, timeout=20, what="overlap")
+            now = time.monotonic()
+            busy_for = restarter.busy_for()
+        assert busy_for >= now - first_seen, "the newer restart's age"
+
+
+def test_a_reload_keeps_the_running_concurrency_and_says_so(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    """restart_concurrency changed in the settings file: the reload warns that the daemon must
+    be restarted for it, and no second restart worker appears."""
+    config = tmp_path / "reconciler.toml"
+    config.write_text("restart_concurrency = 1\n")
+    with capture_logs() as logs, running(host.settings(), config_path=config) as daemon:
+        notify_socket.wait_for("READY=1")
+        config.write_text("restart_concurrency = 3\n")
+        daemon.request_reload()
+        wait_until(lambda: any(e["event"] == "daemon.reloaded" for e in logs), what="reload")
+        workers = [t.name for t in threading.enumerate() if t.name.startswith("hal0-restarter")]
+    (kept,) = [e for e in logs if e["event"] == "daemon.restart_concurrency_kept"]
+    assert ("warning", 1, 3) == (kept["log_level"], kept["running"], kept["configured"])
+    assert ["hal0-restarter"] == workers
