@@ -142,6 +142,7 @@ class Settings:
     hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
     quadlet_dir: Path = field(default_factory=lambda: hal0_root() / "etc/containers/systemd")
     apply_others_labels: bool = False  # restart for a label another writer set (an operator)
+    restart_concurrency: int = 1  # restarts at once per host (each load can evict idle slots)
     # reporting
     metrics_textfile: Path | None = None
     log_format: LogFormat = LogFormat.AUTO
@@ -191,6 +192,7 @@ RANGES: dict[str, Range] = {
     "api_wait_bound": Range(0, 86400),
     "warming_recheck": Range(0.05, 86400),
     "update_job_max_age": Range(1, 30 * 86400),
+    "restart_concurrency": Range(1, 8, "restarts"),
     "aiter.keep_quarantines": Range(0, 1000, "quarantines"),
     "aiter.settle_window": Range(0.01, 600),
     "aiter.table_max_bytes": Range(1024, 1 << 30, "bytes"),

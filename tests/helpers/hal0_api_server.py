@@ -14,7 +14,8 @@
 - ``key``: every route but ``/api/health`` needs ``Authorization: Bearer <key>``.
 
 ``requests`` lists the lifecycle POSTs as (method, path, authorization); ``calls`` every request
-with its headers.
+with its headers; ``at_once`` the slots being restarted at the start of each restart (that one
+included, a slot restarted twice at once named twice).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
@@ -77,6 +79,8 @@ class Hal0Api(lifecycle.StartStop):
         self.requests: list[tuple[str, str, str | None]] = []
         self.calls: list[Call] = []
         self.slots: dict[str, Slot] = {}
+        self.restarting: Counter[str] = Counter()  # slots whose restart is in progress now
+        self.at_once: list[tuple[str, ...]] = []
         self.lock = threading.RLock()
         self.listening = threading.Event()
         self._stopping = threading.Event()
@@ -206,7 +210,20 @@ class Hal0Api(lifecycle.StartStop):
             slot.message = message
 
     def _restart(self, name: str) -> tuple[int, dict[str, object]]:
-        """hal0's synchronous restart: unload, load, readiness, sanity; then the outcome."""
+        """hal0's synchronous restart, recorded in ``restarting`` and ``at_once``."""
+        with self.lock:
+            self.restarting[name] += 1
+            self.at_once.append(tuple(sorted(self.restarting.elements())))
+        try:
+            return self._restart_one(name)
+        finally:
+            with self.lock:
+                self.restarting[name] -= 1
+                if self.restarting[name] <= 0:
+                    del self.restarting[name]
+
+    def _restart_one(self, name: str) -> tuple[int, dict[str, object]]:
+        """Unload, load, readiness, sanity; then the outcome."""
         with self.lock:
             slot = self.slots.setdefault(name, Slot())
             outcome, duration = slot.outcome, slot.restart_for

@@ -82,6 +82,16 @@ def test_the_defaults_are_inside_their_ranges() -> None:
             "setting 'fight_limit' = -3 is out of range: allowed 1 to 1000 relabels",
         ),
         (
+            "restart_concurrency",
+            "9",
+            "setting 'restart_concurrency' = 9 is out of range: allowed 1 to 8 restarts",
+        ),
+        (
+            "restart_concurrency",
+            "0",
+            "setting 'restart_concurrency' = 0 is out of range: allowed 1 to 8 restarts",
+        ),
+        (
             "fight_window",
             "0",
             "setting 'fight_window' = 0 is out of range: allowed 1 to 86400 seconds",
@@ -148,6 +158,10 @@ def test_the_settle_cap_is_not_below_the_settle_window() -> None:
         (
             {"fight_limit": "1.5"},
             "setting 'fight_limit' has a bad value '1.5': expected a whole number",
+        ),
+        (
+            {"restart_concurrency": "2.5"},
+            "setting 'restart_concurrency' has a bad value '2.5': expected a whole number",
         ),
         (
             {"watch_dev": "maybe"},

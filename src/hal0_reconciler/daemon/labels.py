@@ -200,6 +200,7 @@ def plan_lines(entries: dict[str, dict[str, Any]]) -> list[str]:
     if any(e["state"] == LabelState.APPLY for e in entries.values()):
         lines.append(
             "  the daemon restarts those marked apply through hal0 once each is idle, one at a "
-            "time; a restart may unload other idle slots (hal0 evicts to make room)"
+            "time unless restart_concurrency allows more; a restart may unload other idle slots "
+            "(hal0 evicts to make room)"
         )
     return lines

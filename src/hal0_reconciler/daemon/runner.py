@@ -448,6 +448,13 @@ class Runner:
         self._aiter.update_settings(new)
         self._queue.tune(settle=new.settle_window, cap=new.settle_cap, windows=_windows(new))
         self._restarter.update_settings(new)
+        if old.restart_concurrency != new.restart_concurrency:
+            log.warning(
+                "daemon.restart_concurrency_kept",
+                running=old.restart_concurrency,
+                configured=new.restart_concurrency,
+                action="systemctl restart hal0-reconciler to change it",
+            )
         watched = ("slots_dir", "kfd_path", "dri_dir", "watch_dev")
         if any(getattr(old, f) != getattr(new, f) for f in watched) and self._watcher is not None:
             self._watcher.stop()

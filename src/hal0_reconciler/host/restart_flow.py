@@ -107,12 +107,14 @@ def _quoted(name: str) -> str:
 
 
 class RestartFlow:
-    """The steps of every pending restart. Used from the Restarter's one thread only."""
+    """The steps of every pending restart. Used from one Restarter worker thread only; the
+    workers' flows share one report and one memory of each slot's wait (``shares_with``), and a
+    slot is stepped by one worker at a time, so each slot's entries have one writer."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, shares_with: RestartFlow | None = None) -> None:
         self.settings = settings
-        self.report = FlowReport()
-        self._waits: dict[str, _Wait] = {}
+        self.report: FlowReport = FlowReport() if shares_with is None else shares_with.report
+        self.waits: dict[str, _Wait] = {} if shares_with is None else shares_with.waits
         self._client: hal0_api.Hal0Client | None = None
         self._stopping = False
         self._posting: tuple[RestartRequest, str] | None = None  # the restart POST in flight
@@ -139,7 +141,7 @@ class RestartFlow:
     def step(
         self, request: RestartRequest, *, active: bool | None, now: float
     ) -> RestartResult | Later:
-        wait = self._waits.setdefault(request.token, _Wait())
+        wait = self.waits.setdefault(request.token, _Wait())
         try:
             result = self._step(request, wait, active=active, now=now)
         finally:
@@ -149,7 +151,7 @@ class RestartFlow:
             wait.reason = result.reason
             self.report.waiting[request.name] = result.reason
         else:
-            self._waits.pop(request.token, None)
+            self.waits.pop(request.token, None)
             self.report.waiting.pop(request.name, None)
             self.report.busy_past_bound.discard(request.name)
         return result

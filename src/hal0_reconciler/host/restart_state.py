@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ log = _log.get_logger("hal0_reconciler.host.units")
 
 _JOB_MAX_BYTES = 1 << 20
 IN_FLIGHT_FILE = "restarts-in-flight.json"
+_IN_FLIGHT_LOCK = threading.Lock()  # the file's read-modify-write, one writer at a time
 
 
 def update_job(settings: Settings) -> str | None:
@@ -73,10 +75,13 @@ def remove_in_flight(path: Path) -> None:
 
 
 def write_in_flight(path: Path, token: str, name: str, request_id: str) -> None:
-    """One more restart dropped by a stop (the ones on record kept)."""
-    doc: dict[str, dict[str, object]] = {t: {"name": n} for t, n in read_in_flight(path).items()}
-    doc[token] = {"name": name, "request_id": request_id, "dropped_at": round(time.time(), 3)}
-    try:
-        fsio.write_json(path, doc, mode=0o600)
-    except OSError as exc:
-        log.warning("unit.in_flight_unwritable", path=str(path), error=str(exc))
+    """One more restart dropped by a stop (the ones on record kept; each restart worker's stop
+    writes its own, so the read-modify-write is serialized)."""
+    with _IN_FLIGHT_LOCK:
+        known = read_in_flight(path)
+        doc: dict[str, dict[str, object]] = {t: {"name": n} for t, n in known.items()}
+        doc[token] = {"name": name, "request_id": request_id, "dropped_at": round(time.time(), 3)}
+        try:
+            fsio.write_json(path, doc, mode=0o600)
+        except OSError as exc:
+            log.warning("unit.in_flight_unwritable", path=str(path), error=str(exc))

@@ -5,9 +5,10 @@ the way to apply a changed TOML is ``POST {api_url}/api/slots/{name}/restart`` â
 the slot is idle, hal0-api answers and no update runs (``restart_flow``), and the answer's
 ``state`` says whether it worked. The stop fallback (``systemctl stop --no-block``) is opt-in and
 only for a hal0-api that is really down past ``api_wait_bound``. Never for an inactive slot; at
-most once per slot per ``restart_min_interval``; one restart at a time per host (each load can
-evict other idle slots). All of it runs on the :class:`Restarter` thread, so the main loop never
-waits on an HTTP server or systemctl.
+most once per slot per ``restart_min_interval``; one restart at a time per host unless
+``restart_concurrency`` allows more (each load can evict other idle slots), and never two of one
+slot at once. All of it runs on the :class:`Restarter` threads, so the main loop never waits on an
+HTTP server or systemctl.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ the slot is stopped or reloaded, or not, and the next start sees its state)."""
 
 
 class Restarter(lifecycle.StartStop):
-    """A small worker thread applying restart requests, one at a time, rate-limited per slot.
+    """Worker threads (``restart_concurrency``, read once: a reload does not change it) applying
+    restart requests from one queue, rate-limited per slot, never two of one slot at once.
 
     ``submit`` never blocks. A request for a slot restarted less than ``restart_min_interval``
     ago waits until its turn; several such requests are one restart. A request the flow puts off
@@ -115,7 +117,11 @@ class Restarter(lifecycle.StartStop):
     The due times are also kept in a heap of ``(due, token)``, so taking what is due and finding
     the next due time cost O(log n) per request, whatever the number pending. An entry whose
     token is no longer pending at that due time is stale and skipped; the heap is rebuilt when
-    stale entries outnumber live ones.
+    stale entries outnumber live ones. A due request for a slot whose restart is in progress
+    is parked (off the heap, still pending) and put back when that restart ends.
+
+    With one worker, everything due is taken as one batch (one systemctl call); with more, each
+    worker takes one request at a time so that the others can take the next.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -126,18 +132,36 @@ class Restarter(lifecycle.StartStop):
         self._last: dict[str, float] = {}  # token -> monotonic time of the last action
         self._pruned_at = 0.0
         self._stop: _Stop | None = None
-        self._busy_since: float | None = None
+        self._busy_since: dict[int, float] = {}  # worker -> when its restart in progress began
         self._previous: dict[str, float | None] = {}  # token -> its last action before this one
-        self._flow = RestartFlow(settings)
+        self._running: set[str] = set()  # tokens taken by a worker and not done yet
+        self._parked: set[str] = set()  # pending tokens due while running: off the heap
+        self._concurrency = settings.restart_concurrency
+        first = RestartFlow(settings)
+        self._flows = [first] + [
+            RestartFlow(settings, shares_with=first) for _ in range(self._concurrency - 1)
+        ]
+        self._flow = first  # the report every worker's flow shares
         self.results: Counter[RestartResult] = Counter()
         self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
-        self._thread = threading.Thread(target=self._run, name="hal0-restarter", daemon=True)
+        self._threads = [
+            threading.Thread(
+                target=self._run,
+                args=(n,),
+                name="hal0-restarter" if n == 0 else f"hal0-restarter-{n + 1}",
+                daemon=True,
+            )
+            for n in range(self._concurrency)
+        ]
 
     def update_settings(self, settings: Settings) -> None:
+        """New settings for every worker; ``restart_concurrency`` keeps its value until the
+        daemon restarts (the caller says so)."""
         with self._cond:
             self._settings = settings
-            self._flow.settings = settings
+            for flow in self._flows:
+                flow.settings = settings
 
     def submit(self, request: RestartRequest) -> None:
         now = time.monotonic()
@@ -201,28 +225,40 @@ class Restarter(lifecycle.StartStop):
             return found
 
     def busy_for(self) -> float:
+        """Seconds the oldest restart in progress has run (0 when none runs)."""
         with self._cond:
-            return 0.0 if self._busy_since is None else time.monotonic() - self._busy_since
+            if not self._busy_since:
+                return 0.0
+            return time.monotonic() - min(self._busy_since.values())
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        """Every worker runs (one that died is the daemon's problem)."""
+        return all(thread.is_alive() for thread in self._threads)
 
     def start(self) -> None:
         for request in self._flow.take_in_flight():
             log.info("unit.restart_to_confirm", slot=request.name, unit=unit_name(request.token))
             self.submit(request)
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, *, timeout: float = RESTARTER_STOP_WAIT) -> None:
+        """Every worker's connection dropped (each restart in flight is written down), then
+        every worker joined, all within ``timeout``."""
         with self._cond:
             self._stop = _Stop.TOKEN
             self._cond.notify_all()
-        self._flow.abort()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for flow in self._flows:
+            flow.abort()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _next_due(self) -> tuple[list[RestartRequest], Settings] | _Stop:
-        """Every request that is due now (waiting for the first one)."""
+    def _next_due(self, worker: int) -> tuple[list[RestartRequest], Settings] | _Stop:
+        """Every request that is due now (waiting for the first one); with more than one
+        worker, one request. A slot whose restart is in progress is parked, not taken."""
+        limit = None if self._concurrency == 1 else 1
         with self._cond:
             while True:
                 if self._stop is not None:
@@ -233,18 +269,24 @@ class Restarter(lifecycle.StartStop):
                     interval = self._settings.restart_min_interval
                     self._last = {t: at for t, at in self._last.items() if now - at < interval}
                     self._pruned_at = now
-                requests = []
+                requests: list[RestartRequest] = []
                 while self._dues and self._dues[0][0] <= now:  # in (due, token) order
+                    if limit is not None and len(requests) >= limit:
+                        break
                     due, token = heapq.heappop(self._dues)
                     known = self._pending.get(token)
                     if known is None or known[0] != due:
                         continue  # stale: taken already, or due at another time
+                    if token in self._running:  # its restart is in progress: after it ends
+                        self._parked.add(token)
+                        continue
                     del self._pending[token]
+                    self._running.add(token)
                     self._previous[token] = self._last.get(token)
                     self._last[token] = now  # a request arriving meanwhile waits its turn
                     requests.append(known[1])
                 if requests:
-                    self._busy_since = now
+                    self._busy_since[worker] = now
                     return requests, self._settings
                 soonest = self._soonest()
                 self._cond.wait(None if soonest is None else max(0.01, soonest - now))
@@ -259,9 +301,9 @@ class Restarter(lifecycle.StartStop):
             heapq.heappop(self._dues)
         return None
 
-    def _run(self) -> None:
+    def _run(self, worker: int) -> None:
         while True:
-            item = self._next_due()
+            item = self._next_due(worker)
             if isinstance(item, _Stop):
                 return
             requests, settings = item
@@ -274,9 +316,9 @@ class Restarter(lifecycle.StartStop):
                 with self._cond:
                     if self._stop is not None:
                         break  # stopping: the rest is not applied (the files are written)
-                    self._busy_since = time.monotonic()  # "stuck" is per restart, not per batch
+                    self._busy_since[worker] = time.monotonic()  # per restart, not per batch
                 try:
-                    result = self._flow.step(
+                    result = self._flows[worker].step(
                         request, active=states.get(request.token), now=time.monotonic()
                     )
                 except Exception:
@@ -284,10 +326,17 @@ class Restarter(lifecycle.StartStop):
                     result = RestartResult.FAILED
                 self._done(request, result)
             with self._cond:
-                self._busy_since = None
+                self._busy_since.pop(worker, None)
 
     def _done(self, request: RestartRequest, result: RestartResult | Later) -> None:
         with self._cond:
+            self._running.discard(request.token)
+            if request.token in self._parked:  # due while it ran: back on the heap
+                self._parked.discard(request.token)
+                known = self._pending.get(request.token)
+                if known is not None:
+                    heapq.heappush(self._dues, (known[0], request.token))
+                    self._cond.notify_all()
             previous = self._previous.pop(request.token, None)
             nothing_done = (
                 isinstance(result, Later)
