@@ -16,6 +16,7 @@ import pytest
 
 from hal0_reconciler import __version__, cli
 from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.cli import exits
 from helpers.hosts import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -151,7 +152,7 @@ def test_the_man_page_documents_every_verb_and_its_exit_codes() -> None:
 
 
 def test_the_man_page_gives_each_verb_exactly_its_exit_codes() -> None:
-    """EXIT STATUS names, per verb, the codes the CLI's own --help table (cli._EXITS) has."""
+    """EXIT STATUS names, per verb, the codes the CLI's own --help table (exits.EXITS) has."""
     exits_part = MAN8.read_text().split(".SH EXIT STATUS", 1)[1].split(".SH ", 1)[0]
     documented = {}
     for block in exits_part.split(".TP\n")[1:]:
@@ -159,7 +160,7 @@ def test_the_man_page_gives_each_verb_exactly_its_exit_codes() -> None:
         flat = " ".join(text.split(".PP")[0].split())
         codes = re.findall(r"(?:^|; )(\d+) ", flat)
         documented[head.removeprefix(".B ").strip()] = {int(c) for c in codes}
-    expected = {verb: {code for code, _ in codes} for verb, codes in cli._EXITS.items()}
+    expected = {verb: {code for code, _ in codes} for verb, codes in exits.EXITS.items()}
     assert expected == documented
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import cli, settings
+from hal0_reconciler.cli import parser as cli_parser
 from hal0_reconciler.daemon import runner
 from helpers.hosts import REPO
 
@@ -96,7 +97,7 @@ def cli_options() -> set[str]:
 
 
 COMMON_OPTIONS = ["--config", "--set", "--user", "--log-format", "--log-level"] + [
-    "--" + field.replace("_", "-") for field in cli._PATH_FLAGS
+    "--" + field.replace("_", "-") for field in cli_parser.PATH_FLAGS
 ]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hal0_reconciler import __version__, reconcile
-from hal0_reconciler.daemon import metrics, passes
+from hal0_reconciler.daemon import metrics, progress
 from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
@@ -191,7 +191,7 @@ def test_a_fight_is_counted(host: Host, notify_socket: Any, tmp_path: Path) -> N
 )
 def test_the_lane_state_series(facts: HostFacts, state: str) -> None:
     """Four states, one series each; an unusable lane within the grace is unusable."""
-    assert state == passes.lane_metric_state(facts)
+    assert state == progress.lane_metric_state(facts)
     assert state in metrics.LANE_STATES
 
 

@@ -262,10 +262,10 @@ def test_the_start_runs_without_the_collector_and_collects_after_ready(
 def test_only_the_very_outcomes_shown_make_a_pass_that_changed_nothing() -> None:
     """The full pass's shortcut (nothing to fold into the status) needs the very same objects,
     all of them: an equal outcome made anew, or a pass cut short by a stop, is not it."""
-    from hal0_reconciler.daemon import passes
+    from hal0_reconciler.daemon import bookkeeping
 
     a, b = ["unchanged"], ["unchanged"]
-    assert passes._same_objects((a, b), (a, b))
-    assert not passes._same_objects((a, list(b)), (a, b))  # equal, but made anew
-    assert not passes._same_objects((a,), (a, b))  # stopped half-way
-    assert not passes._same_objects((a, b), (a,))
+    assert bookkeeping.same_objects((a, b), (a, b))
+    assert not bookkeeping.same_objects((a, list(b)), (a, b))  # equal, but made anew
+    assert not bookkeeping.same_objects((a,), (a, b))  # stopped half-way
+    assert not bookkeeping.same_objects((a, b), (a,))

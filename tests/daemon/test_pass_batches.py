@@ -250,18 +250,18 @@ def test_the_worker_keeps_nothing_about_slots_that_are_gone(tmp_path: Path) -> N
     bench = Bench(tmp_path)
     slots = [bench.slot(f"s{n}", "gpu-rocm") for n in range(4)]
     bench.full()
-    remembered = bench.passes._entries
+    remembered = bench.passes._book.entries
     assert {str(p) for p in slots} == set(remembered), "setup: every slot remembered"
     bench.changed(slots[0])
-    assert {str(p) for p in slots} == set(bench.passes._entries), (
+    assert {str(p) for p in slots} == set(bench.passes._book.entries), (
         "a partial pass forgot the slots it did not cover"
     )
     slots[1].unlink()
     bench.changed(slots[1])
-    assert str(slots[1]) not in bench.passes._entries, "a slot seen gone is still remembered"
+    assert str(slots[1]) not in bench.passes._book.entries, "a slot seen gone is still remembered"
     slots[2].unlink()  # its event lost
     bench.full()
-    assert {str(slots[0]), str(slots[3])} == set(bench.passes._entries), (
+    assert {str(slots[0]), str(slots[3])} == set(bench.passes._book.entries), (
         "a full pass kept what it remembered about slots that vanished unseen"
     )
 
@@ -286,7 +286,7 @@ def test_settled_unchanged_slots_stay_in_the_status(tmp_path: Path) -> None:
         again = {p.name: bench.status(p) for p in slots}
         assert all(e is not None for e in again.values()), f"a settled slot dropped out: {again}"
         assert shown == again, f"settled unchanged slots changed in the status: {again}"
-        assert {str(p) for p in slots} == set(bench.passes._entries), (
+        assert {str(p) for p in slots} == set(bench.passes._book.entries), (
             "the worker forgot settled unchanged slots"
         )
     bench.slot("s0", "cpu")

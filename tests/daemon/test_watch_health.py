@@ -219,9 +219,9 @@ def test_the_slots_folder_itself_going_means_everything(tree: Path) -> None:
     ev = _events()
     slots = str(tree / "etc/slots")
     watcher = _watcher(tree, Keys())
-    assert [Special.EVERYTHING] == watcher._slot_keys(ev.DirDeletedEvent(slots))
-    assert [Special.EVERYTHING] == watcher._slot_keys(ev.DirMovedEvent(slots, slots + ".old"))
-    assert [] == watcher._slot_keys(ev.DirModifiedEvent(slots))
+    assert [Special.EVERYTHING] == watcher._keys.slot_keys(ev.DirDeletedEvent(slots))
+    assert [Special.EVERYTHING] == watcher._keys.slot_keys(ev.DirMovedEvent(slots, slots + ".old"))
+    assert [] == watcher._keys.slot_keys(ev.DirModifiedEvent(slots))
 
 
 def test_the_parent_watch_sees_the_slots_folder_come_and_go(tree: Path) -> None:
@@ -230,18 +230,18 @@ def test_the_parent_watch_sees_the_slots_folder_come_and_go(tree: Path) -> None:
     ev = _events()
     slots = str(tree / "etc/slots")
     watcher = _watcher(tree, Keys())
-    assert [] == watcher._slots_parent_keys(ev.DirModifiedEvent(slots))
-    assert [] == watcher._slots_parent_keys(ev.DirCreatedEvent(str(tree / "etc/other")))
-    assert [] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/notes.txt")))
-    assert not watcher._folder_changed.is_set()
+    assert [] == watcher._keys.slots_parent_keys(ev.DirModifiedEvent(slots))
+    assert [] == watcher._keys.slots_parent_keys(ev.DirCreatedEvent(str(tree / "etc/other")))
+    assert [] == watcher._keys.slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/notes.txt")))
+    assert not watcher._keys.folder_changed.is_set()
     for event in (
         ev.DirCreatedEvent(slots),
         ev.DirDeletedEvent(slots),
         ev.DirMovedEvent(str(tree / "etc/new-slots"), slots),
     ):
-        watcher._folder_changed.clear()
-        assert [Special.EVERYTHING] == watcher._slots_parent_keys(event), event
-        assert watcher._folder_changed.is_set(), f"{event} does not re-watch the folder"
+        watcher._keys.folder_changed.clear()
+        assert [Special.EVERYTHING] == watcher._keys.slots_parent_keys(event), event
+        assert watcher._keys.folder_changed.is_set(), f"{event} does not re-watch the folder"
 
 
 def test_a_hal0_file_beside_the_slots_folder_means_everything(tree: Path) -> None:
@@ -251,10 +251,12 @@ def test_a_hal0_file_beside_the_slots_folder_means_everything(tree: Path) -> Non
     hal0_toml = tree / "etc/hal0.toml"
     watcher = _watcher(tree, Keys())
     watcher.set_hal0_files([hal0_toml])
-    assert [Special.EVERYTHING] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(hal0_toml)))
-    assert [] == watcher._slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
+    assert [Special.EVERYTHING] == watcher._keys.slots_parent_keys(
+        ev.FileModifiedEvent(str(hal0_toml))
+    )
+    assert [] == watcher._keys.slots_parent_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
     opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})  # watchdog >= 2.2
-    assert [] == watcher._slots_parent_keys(opened(str(hal0_toml)))
+    assert [] == watcher._keys.slots_parent_keys(opened(str(hal0_toml)))
 
 
 def test_stopping_the_watcher_stops_its_observer(tree: Path) -> None:
@@ -344,9 +346,9 @@ def test_hal0_folders_follow_the_set_of_hal0_files(tree: Path) -> None:
         assert len(watched) == len(emitters), "an unwatched folder still holds an inotify watch"
         watcher.set_hal0_files([new_dir / "VERSION", new_dir / "manifest.json"])
         assert watched == watcher.health().watched, "an unchanged set changed the watches"
-        mapped = watcher._hal0_keys(ev.FileModifiedEvent(str(new_dir / "manifest.json")))
+        mapped = watcher._keys.hal0_keys(ev.FileModifiedEvent(str(new_dir / "manifest.json")))
         assert [Special.EVERYTHING] == mapped
-        assert [] == watcher._hal0_keys(ev.FileModifiedEvent(str(old_dir / "VERSION")))
+        assert [] == watcher._keys.hal0_keys(ev.FileModifiedEvent(str(old_dir / "VERSION")))
     after = logging.getLogger("watchdog.observers.inotify_c").handlers
     assert before == after, "the stopped watcher left its overflow handler on watchdog's logger"
 
@@ -359,16 +361,18 @@ def test_device_events_mean_a_re_probe_only_for_the_nodes(tree: Path) -> None:
     dev, dri = tree / "dev", tree / "dev/dri"
     opened = type("Opened", (ev.FileSystemEvent,), {"event_type": "opened"})
     watcher = _watcher(tree, Keys())
-    assert [Special.HOST_FACTS] == watcher._dev_keys(ev.FileCreatedEvent(str(dev / "kfd")))
-    assert not watcher._folder_changed.is_set(), "a new kfd node asked for a re-watch"
-    assert [Special.HOST_FACTS] == watcher._dev_keys(ev.DirCreatedEvent(str(dri)))
-    assert watcher._folder_changed.is_set(), "a re-created DRI folder is not re-watched"
-    assert [] == watcher._dev_keys(ev.FileCreatedEvent(str(dev / "null")))
-    assert [] == watcher._dev_keys(ev.FileCreatedEvent(str(tree / "elsewhere/kfd")))
-    assert [] == watcher._dev_keys(opened(str(dev / "kfd")))
-    assert [Special.HOST_FACTS] == watcher._dri_keys(ev.FileCreatedEvent(str(dri / "renderD128")))
-    assert [] == watcher._dri_keys(ev.DirModifiedEvent(str(dri)))
-    assert [] == watcher._dri_keys(opened(str(dri / "renderD128")))
+    assert [Special.HOST_FACTS] == watcher._keys.dev_keys(ev.FileCreatedEvent(str(dev / "kfd")))
+    assert not watcher._keys.folder_changed.is_set(), "a new kfd node asked for a re-watch"
+    assert [Special.HOST_FACTS] == watcher._keys.dev_keys(ev.DirCreatedEvent(str(dri)))
+    assert watcher._keys.folder_changed.is_set(), "a re-created DRI folder is not re-watched"
+    assert [] == watcher._keys.dev_keys(ev.FileCreatedEvent(str(dev / "null")))
+    assert [] == watcher._keys.dev_keys(ev.FileCreatedEvent(str(tree / "elsewhere/kfd")))
+    assert [] == watcher._keys.dev_keys(opened(str(dev / "kfd")))
+    assert [Special.HOST_FACTS] == watcher._keys.dri_keys(
+        ev.FileCreatedEvent(str(dri / "renderD128"))
+    )
+    assert [] == watcher._keys.dri_keys(ev.DirModifiedEvent(str(dri)))
+    assert [] == watcher._keys.dri_keys(opened(str(dri / "renderD128")))
 
 
 def test_reads_in_watched_folders_mean_nothing(tree: Path) -> None:
@@ -379,10 +383,10 @@ def test_reads_in_watched_folders_mean_nothing(tree: Path) -> None:
     hal0_toml = tree / "etc/hal0.toml"
     watcher = _watcher(tree, Keys())
     watcher.set_hal0_files([hal0_toml])
-    assert [] == watcher._hal0_keys(opened(str(hal0_toml)))
-    assert [] == watcher._hal0_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
-    assert [] == watcher._aiter_keys(opened(str(tree / "aiter/configs/x.csv")))
-    assert [Special.AITER] == watcher._aiter_keys(ev.FileModifiedEvent(str(tree / "x.csv")))
+    assert [] == watcher._keys.hal0_keys(opened(str(hal0_toml)))
+    assert [] == watcher._keys.hal0_keys(ev.FileModifiedEvent(str(tree / "etc/other.toml")))
+    assert [] == watcher._keys.aiter_keys(opened(str(tree / "aiter/configs/x.csv")))
+    assert [Special.AITER] == watcher._keys.aiter_keys(ev.FileModifiedEvent(str(tree / "x.csv")))
 
 
 def test_an_overflow_wakes_the_main_loop(tree: Path) -> None:

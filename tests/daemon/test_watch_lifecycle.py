@@ -241,16 +241,16 @@ def test_the_slots_folder_being_modified_is_left_out_where_watchdog_can(
     folder; for the slots folder that means nothing (its files' own events are the work), and
     watchdog 5+ is asked not to queue it: a burst of saves is that many fewer events. Its
     files' events still come; so does the folder's in the parent's watch."""
-    from hal0_reconciler.daemon.watch import Watcher
+    from hal0_reconciler.daemon.watchkeys import EventKeys
 
     got: list[tuple[str, bool, str]] = []
-    slot_keys = Watcher._slot_keys
+    slot_keys = EventKeys.slot_keys
 
-    def recording(self: Watcher, event: Any) -> list[WorkKey]:
+    def recording(self: EventKeys, event: Any) -> list[WorkKey]:
         got.append((event.event_type, event.is_directory, os.path.basename(event.src_path)))
         return slot_keys(self, event)
 
-    monkeypatch.setattr(Watcher, "_slot_keys", recording)
+    monkeypatch.setattr(EventKeys, "slot_keys", recording)
     tree = make_tree(tmp_path)
     seen: list[WorkKey] = []
     with watcher_on(tree, enqueue=seen.extend, observer_factory=Observer):

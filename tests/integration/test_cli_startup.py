@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import cli as cli_mod
+from hal0_reconciler.cli import parser as cli_parser
+from hal0_reconciler.cli import plan as cli_plan
 from helpers.hosts import REPO
 from integration.test_cli import host_args
 
-VERBS = list(cli_mod._VERBS)
+VERBS = list(cli_parser.VERBS)
 
 
 def _sub(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser:
@@ -55,10 +57,10 @@ def test_a_verb_alone_parses_and_helps_as_in_the_whole_command_line(verb: str) -
 def test_only_a_leading_verb_builds_one_parser() -> None:
     """A top-level option or a mistyped verb gets the whole parser: its help lists every verb
     and its error names the valid choices."""
-    assert "plan" == cli_mod._verb_of(["plan", "--json"])
-    assert "aiter" == cli_mod._verb_of(["aiter", "plan"])
+    assert "plan" == cli_parser.verb_of(["plan", "--json"])
+    assert "aiter" == cli_parser.verb_of(["aiter", "plan"])
     for argv in ([], ["--help"], ["--version"], ["pln"], ["-h", "plan"], ["--json", "plan"]):
-        assert cli_mod._verb_of(argv) is None, argv
+        assert cli_parser.verb_of(argv) is None, argv
     only = cli_mod.build_parser(only="status")
     assert ["status"] == list(_sub(only, "status").prog.split()[1:])
     choices = next(a for a in only._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -109,7 +111,7 @@ def test_plan_loads_neither_the_aiter_engine_nor_the_daemon(
         "hashlib",
         "difflib",
         "subprocess",
-        "shutil",  # argparse's terminal width: only for help and usage (cli._Parser._checking)
+        "shutil",  # argparse's terminal width: only for help and usage (cli.parser._Parser._checking)
         "hal0_reconciler.host.identity",  # whom the probe runs as: only on an AMD host
     }
     assert set() == unwanted & loaded
@@ -186,9 +188,9 @@ def test_plan_without_the_engine_says_what_the_engine_would(
     assert reconciler.hal0_facts is not None
     read = hal0.Hal0Read(reconciler.hal0_facts, reconciler.hal0_problems)
     assert read.problems
-    assert 0 == cli_mod._plan_print(args, facts, read, report)
+    assert 0 == cli_plan._plan_print(args, facts, read, report)
     engine = capsys.readouterr().out
-    assert 0 == cli_mod._plan(current, args)  # no slot file, not an AMD host: no pass
+    assert 0 == cli_plan.plan(current, args)  # no slot file, not an AMD host: no pass
     assert engine == capsys.readouterr().out
     if as_json:  # and what that is: no slot, nothing pending
         doc = json.loads(engine)
@@ -247,12 +249,12 @@ def test_the_daemon_loads_itself_without_the_collector(
     code = (
         "import gc, sys, json\n"
         "from hal0_reconciler.daemon import runner\n"
-        "from hal0_reconciler import cli\n"
+        "from hal0_reconciler.cli import plan\n"
         "def seen(*args, **kwargs):\n"
         "    print(gc.isenabled())\n"
         "    return 0\n"
         "runner.run = seen\n"
-        "cli._plan = seen\n"
+        "plan.plan = seen\n"
         "from hal0_reconciler import _entry\n"
         "sys.argv[1:] = json.loads(sys.argv[1])\n"
         "sys.exit(_entry.main())\n"

@@ -11,21 +11,17 @@ The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 from __future__ import annotations
 
 import errno
-import operator
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
-from hal0_reconciler.daemon import fights, labels, memory, metrics, selfheal, workqueue
-from hal0_reconciler.errors import ReconcilerError
+from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
+from hal0_reconciler.daemon.progress import Progress, digest
 from hal0_reconciler.host import hal0, units
-from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
+from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
-from hal0_reconciler.slots import store
 
 log = _log.get_logger("hal0_reconciler.daemon")
 
@@ -52,54 +48,6 @@ LASTING_WRITE_ERRORS = frozenset(
 # read-only slot folder is, under the unit, a stale sandbox view (/etc/hal0 deleted and re-created
 # while running) that only a restart fixes, so WATCHDOG=1 stops and systemd restarts it.
 HEALTH_PROBLEMS = frozenset({"writes-read-only"})
-
-
-def lane_metric_state(facts: HostFacts) -> str:
-    """The ROCm lane as a metrics state: usable / unusable (within the grace too) / unknown
-    (the probe could not run) / not-amd."""
-    if not facts.amd:
-        return "not-amd"
-    if facts.lane is LaneState.USABLE:
-        return "usable"
-    return "unknown" if facts.lane is LaneState.UNKNOWN else "unusable"
-
-
-def digest(path: Path) -> str | None:
-    """The content digest of a regular slot file; None when it is gone or not a regular file
-    (never opening a FIFO, which would block the worker for good, nor following a symlink)."""
-    import hashlib  # noqa: PLC0415 - OpenSSL loads with the first fight, not before READY
-
-    try:
-        return hashlib.sha256(store.read_slot(path).data).hexdigest()
-    except (OSError, ReconcilerError):
-        return None
-
-
-@dataclass
-class Progress:
-    """What the worker tells the main loop (under ``Passes.lock``)."""
-
-    passes: int = 0
-    full_passes: int = 0
-    full_attempts: int = 0  # full passes finished or failed: READY=1 comes after the first
-    failure: str | None = None  # why the last batch failed (None: it did not)
-    batches: int = 0  # finished with everything recorded (pass, aiter check, problems, metrics)
-    relabels_total: int = 0
-    last_pass_at: float = 0.0  # wall clock
-    last_full_pass: float | None = None  # monotonic
-    last_duration: float = 0.0
-    busy_since: float | None = None  # monotonic, while a batch is processed
-    facts: HostFacts | None = None
-    recheck_at: float | None = None
-    slots: dict[SlotKey, dict[str, Any]] = field(default_factory=dict)
-    metrics: metrics.Metrics = field(default_factory=metrics.Metrics)
-    problems: dict[str, str] = field(default_factory=dict)
-    hal0: dict[str, Any] | None = None  # what the installed hal0 believes (hal0.describe)
-    revision: int = 0  # bumped when anything status.json or the metrics show changed
-    # for status.json's cached fragments: the slots changed since it was last composed, or
-    # every slot (a full pass replaced the mapping)
-    slots_changed: set[SlotKey] = field(default_factory=set)
-    slots_renewed: bool = True
 
 
 def failures(owner: Passes) -> list[str]:
@@ -192,11 +140,15 @@ class Passes:
         self.labels = labels.LabelWatch(settings, restarter.submit)  # "label not applied"
         self._aiter = selfheal_
         self._wake = wake
-        # per slot: the last outcome and the status entry made of it (same outcome, same entry)
-        self._entries: dict[SlotKey, tuple[reconcile.Outcome, dict[str, Any]]] = {}
-        # the outcomes of the full pass the progress shows, while no other pass came since: a
-        # full pass with the very same outcomes (every file unchanged) changes nothing shown
-        self._shown_full: tuple[reconcile.Outcome, ...] | None = None
+        self._book = bookkeeping.Bookkeeping(
+            lock=self.lock,
+            progress=self.progress,
+            fights_=self.fights,
+            restarter=restarter,
+            labels_=self.labels,
+            clock=clock,
+            write_failures=self._note_write_failures,
+        )
         self._failing_writes: dict[SlotKey, tuple[str, int | None]] = {}  # worker only
         self._garbage = False  # a big batch's memory is to be given back (worker only)
 
@@ -312,7 +264,7 @@ class Passes:
             if demoted != self.progress.metrics.demoted_slots:
                 self.progress.revision += 1
             self.progress.metrics.demoted_slots = demoted
-        fresh = self._absorb(report, facts=facts, full=full, before=before)
+        fresh = self._book.absorb(report, facts=facts, full=full, before=before)
         if facts.amd and (full or report.relabeled):  # what runs vs the labels
             looked = self.labels.check(report.outcomes, reconciler.hal0_facts, full=full)
             with self.lock:
@@ -371,114 +323,6 @@ class Passes:
         if paths is not None:
             tracked &= {reconcile.slot_key(p) for p in paths}
         return {key: digest(Path(key)) for key in tracked}
-
-    def _absorb(
-        self,
-        report: reconcile.PassReport,
-        *,
-        facts: HostFacts,
-        full: bool,
-        before: dict[SlotKey, str | None],
-    ) -> int:
-        """Fold a pass into the progress; returns how many of its outcomes are new (not the very
-        outcome an unchanged file had last time): what the pass did, beyond looking."""
-        shown, self._shown_full = self._shown_full, None
-        outcomes = report.outcomes
-        # every file as it was: the same outcome objects as the full pass shown (so none is a
-        # relabel, a failure or gone: those are made anew each time), nothing to fold in
-        same = full and shown is not None and _same_objects(outcomes, shown)
-        relabeled: tuple[reconcile.Outcome, ...] = () if same else report.relabeled
-        fresh = 0
-        if not same:
-            seen, fresh = self._status_entries(report, full=full, before=before)
-            self._note_write_failures(report)
-        now_wall = time.time()
-        with self.lock:
-            p = self.progress
-            changed = False if same else _merge_slots(p, seen, outcomes, full=full)
-            p.passes += 1
-            p.full_passes += int(full)
-            p.relabels_total += len(relabeled)
-            p.last_pass_at = now_wall
-            p.last_duration = report.duration
-            if full:
-                p.last_full_pass = self._clock.monotonic()
-            m = p.metrics
-            m.passes = p.passes
-            for o in relabeled:
-                target = o.verdict.new if o.verdict is not None and o.verdict.new else "?"
-                m.relabels[target] = m.relabels.get(target, 0) + 1
-                reason = o.verdict.reason if o.verdict is not None else None
-                m.demotions += reason is Reason.NOT_CAPABLE_ROCM_UNUSABLE
-                m.restores += reason is Reason.RESTORE_OWN_DEMOTION
-            hands_off = {
-                "fight": len(self.fights.hands_off),
-                "operator": m.hands_off.get("operator", 0),
-            }
-            if not same:  # the operator's hands_off, from the entries (they say so)
-                hands_off["operator"] = _operators(p.slots)
-            changed = changed or bool(relabeled) or m.hands_off != hands_off
-            m.slots = len(p.slots)
-            m.hands_off = hands_off
-            m.pass_duration = report.duration
-            m.last_pass_timestamp = now_wall
-            m.rocm_lane_usable = facts.amd and facts.lane is LaneState.USABLE
-            m.rocm_lane = lane_metric_state(facts)
-            if changed:
-                p.revision += 1
-        if full:
-            self._shown_full = outcomes
-        return fresh
-
-    def _status_entries(
-        self, report: reconcile.PassReport, *, full: bool, before: dict[SlotKey, str | None]
-    ) -> tuple[dict[SlotKey, dict[str, Any]], int]:
-        """Each outcome's status entry (the same object for the same outcome as last time), and
-        how many outcomes are new; a relabel goes to the fight detector and the restarter."""
-        statuses = reconcile.OutcomeStatus
-        seen: dict[SlotKey, dict[str, Any]] = {}
-        made = self._entries if not full else {}  # an unchanged file's outcome is the same object
-        fresh = 0
-        for o in report.outcomes:
-            if o.status is statuses.GONE:
-                self.fights.forget(o.key)
-                made.pop(o.key, None)
-                fresh += 1
-                continue
-            cached = self._entries.get(o.key)
-            if cached is not None and cached[0] is o:
-                seen[o.key] = cached[1]
-                made[o.key] = cached
-                continue
-            fresh += 1
-            entry = _entry(o)
-            seen[o.key] = entry
-            made[o.key] = (o, entry)
-            if o.status is statuses.RELABELED and o.verdict is not None:
-                self._relabeled(o, before.get(o.key))
-        self._entries = made
-        return seen, fresh
-
-    def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
-        assert o.verdict is not None  # noqa: S101 - checked by the caller
-        reverts = self.fights.relabeled(
-            o.key, old=o.verdict.old, new=o.verdict.new, before=before, after=digest(o.path)
-        )
-        if reverts is not None:
-            with self.lock:
-                self.progress.metrics.fights += 1
-            log.error(
-                "slot.fight_detected",
-                slot=o.name,
-                path=str(o.path),
-                reverts=reverts,
-                value=o.verdict.new,
-                action="another writer keeps reverting this slot: left alone until its file "
-                "changes otherwise or the daemon restarts",
-            )
-        if o.name is not None and o.token is not None:
-            self.labels.note_relabeled(o.token, o.verdict.new)
-            self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
 
     def _note_write_failures(self, report: reconcile.PassReport) -> None:
         """The "writes" problem: slots whose last write failed for a lasting reason
@@ -552,88 +396,3 @@ class Passes:
         with self.lock:
             if self.progress.problems.pop(key, None) is not None:
                 self.progress.revision += 1
-
-
-def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    """``a`` and ``b`` hold the very same objects, in order (not only equal ones)."""
-    return len(a) == len(b) and all(map(operator.is_, a, b))
-
-
-def _merge_slots(
-    p: Progress,
-    seen: dict[SlotKey, dict[str, Any]],
-    outcomes: tuple[reconcile.Outcome, ...],
-    *,
-    full: bool,
-) -> bool:
-    """Fold a pass's entries into ``p.slots`` (and the unreadable count); True when anything
-    shown changed. A partial pass updates the slots it covered in place (its cost is what it
-    covered); an entry equal to the one shown keeps its identity, so status.json re-renders
-    only the entries that changed."""
-    statuses = reconcile.OutcomeStatus
-    unreadable = statuses.UNREADABLE.value
-    old = p.slots
-    slots: dict[SlotKey, dict[str, Any]] = {} if full else old
-    changed = full and old.keys() != seen.keys()
-    touched = p.slots_changed
-    p.slots_renewed = p.slots_renewed or full
-    for o in outcomes:
-        if o.status is statuses.GONE and o.key in slots:
-            changed = True
-            touched.add(o.key)
-            if slots.pop(o.key)["status"] == unreadable:
-                p.metrics.unreadable_files -= 1
-    for key, entry in seen.items():
-        shown = old.get(key)
-        if shown is entry:  # the same outcome as shown: nothing to compare
-            slots[key] = entry
-            continue
-        prior = slots.get(key)  # what a partial pass keeps of a hands-off slot
-        if entry["status"] == statuses.HANDS_OFF.value and prior is not None:
-            entry = {**prior, "status": entry["status"], "message": entry.get("message")}  # noqa: PLW2901 - kept as shown
-        if shown is entry or shown == entry or (shown is not None and _echo(shown, entry)):
-            slots[key] = shown
-            continue
-        changed = True
-        touched.add(key)
-        if not full:
-            if shown is not None and shown["status"] == unreadable:
-                p.metrics.unreadable_files -= 1
-            if entry["status"] == unreadable:
-                p.metrics.unreadable_files += 1
-        slots[key] = entry
-    p.slots = slots
-    if full:
-        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
-    return changed
-
-
-def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
-    """The pass after a relabel finds the file as the daemon wrote it: the relabel stays the
-    news (status.json is not rewritten for the echo of the daemon's own write)."""
-    relabeled = reconcile.OutcomeStatus.RELABELED.value
-    unchanged = reconcile.OutcomeStatus.UNCHANGED.value
-    return (
-        (shown["status"], entry["status"]) == (relabeled, unchanged)
-        and shown.get("device") == entry.get("device")
-        and shown.get("name") == entry.get("name")
-        and shown.get("path") == entry.get("path")
-    )
-
-
-def _operators(slots: dict[SlotKey, dict[str, Any]]) -> int:
-    """Slots the operator's ``hands_off`` names (their entries say so)."""
-    return sum(str(e.get("message", "")).startswith("operator") for e in slots.values())
-
-
-def _entry(o: reconcile.Outcome) -> dict[str, Any]:
-    """A slot's entry in status.json."""
-    entry: dict[str, Any] = {"path": str(o.path), "status": o.status.value}
-    if o.name is not None:
-        entry["name"] = o.name
-    if o.verdict is not None:
-        entry["device"] = o.verdict.new if o.verdict.changes else o.verdict.old
-        entry["reason"] = o.verdict.reason.value
-    if o.message:
-        entry["message"] = o.message
-    return entry

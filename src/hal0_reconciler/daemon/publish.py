@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import __version__
-from hal0_reconciler.daemon import passes, selfheal, status, statusjson, watch
+from hal0_reconciler.daemon import passes, progress, selfheal, status, statusjson, watch
 from hal0_reconciler.model import LaneState
 
 
@@ -84,7 +84,7 @@ def compose(
         count = len(p.slots)
     lane_text = "unknown"
     if facts is not None:
-        state = passes.lane_metric_state(facts)  # one name per state: the metrics' own
+        state = progress.lane_metric_state(facts)  # one name per state: the metrics' own
         lane_text = "not an AMD host" if not facts.amd else f"rocm lane {state}"
         snapshot["lane"] = {
             "amd": facts.amd,

@@ -13,10 +13,9 @@ import contextlib
 import faulthandler
 import functools
 import os
-import select
 import signal
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -24,13 +23,14 @@ from typing import Any
 from hal0_reconciler import __version__, _log, fsio, held_signals, reconcile
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import (
+    health,
     memory,
     notify,
     passes,
-    publish,
+    reporter,
     selfheal,
     status,
-    statusjson,
+    waker,
     watch,
     workqueue,
 )
@@ -49,9 +49,7 @@ Stats = passes.Stats
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_FRESH_VIEW = 75  # EX_TEMPFAIL: restart me (the unit's RestartForceExitStatus=75)
-_MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
-_DEATH_WINDOW = 600.0
+EXIT_FRESH_VIEW = health.EXIT_FRESH_VIEW  # EX_TEMPFAIL: restart me (RestartForceExitStatus=75)
 SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
 _LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
 
@@ -74,27 +72,21 @@ def _windows(settings: Settings) -> dict[workqueue.WorkKey, workqueue.Window]:
     return {workqueue.Special.AITER: selfheal.window(settings)}
 
 
-class _Waker:
-    """A self-pipe: signal handlers (``set_wakeup_fd``) and threads wake the main loop."""
+@dataclass
+class _Beat:
+    """What the main loop remembers from one round to the next."""
 
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    next_ping: float
+    ready_after: int | None = 1  # READY=1 once this many full passes are done
 
-    def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self.write_fd, b"!")
 
-    def wait(self, timeout: float) -> None:
-        with contextlib.suppress(InterruptedError):
-            select.select([self.read_fd], [], [], max(0.0, timeout))
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.read_fd, 4096):
-                pass
+@dataclass(frozen=True)
+class _Timers:
+    """The loop's timers as read before it slept: what may have come due when it wakes."""
 
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    recheck_at: float | None
+    resync_at: float | None
+    aiter_retry_at: float | None
 
 
 class Runner:
@@ -119,7 +111,7 @@ class Runner:
         self._notifier = notifier if notifier is not None else notify.from_environment()
         self._clock = clock if clock is not None else workqueue.SystemClock()
         self._observer_factory = observer_factory
-        self._waker = _Waker()
+        self._waker = waker.Waker()
         self._stop_requested = False
         self._reload_requested = False
         self._queue = workqueue.WorkQueue(
@@ -141,11 +133,19 @@ class Runner:
             wake=self._waker.wake,
         )
         self._watcher: watch.Watcher | None = None
-        self._observer_deaths: list[float] = []
-        self._started_at = time.time()
-        self._slots_json = statusjson.SlotsJson()
-        self._slots_dir_problem: str | None = None
+        self._health = health.Health(
+            settings, passes_=self._passes, queue=self._queue, restarter=self._restarter
+        )
         self._reloads = status.ReloadState()  # what `hal0-reconciler reload` waits for
+        self._reporter = reporter.Reporter(
+            settings,
+            passes_=self._passes,
+            restarter=self._restarter,
+            selfheal_=self._aiter,
+            health_=self._health,
+            reloads=self._reloads,
+            notifier=self._notifier,
+        )
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -229,196 +229,125 @@ class Runner:
         log.info("daemon.stopped")
         return code
 
-    def _loop(self, worker: passes.Worker) -> int:  # noqa: PLR0915 - reads best whole
-        ready_after: int | None = 1  # READY=1 once this many full passes are done
-        next_ping = self._clock.monotonic()
-        next_status = 0.0
-        reported_passes = -1  # passes, aiter checks and finished batches, as last published
-        reported_problems: list[str] = []
-        reported_ready = False
-        progress = self._passes.progress
-        lock = self._passes.lock
+    def _loop(self, worker: passes.Worker) -> int:
+        """Sleep until a timer, an event or a signal; then stop, reload, look at the watches and
+        timers, publish what changed, say READY=1 once, and ping the watchdog while healthy."""
+        beat = _Beat(next_ping=self._clock.monotonic())
         while True:
             now = self._clock.monotonic()
             interval = self._notifier.watchdog_interval()
-            with lock:
-                recheck_at = progress.recheck_at
-                last_full = progress.last_full_pass
-            aiter_retry_at = self._aiter.retry_at()
-            settings = self._settings
-            resync_at = None if last_full is None else last_full + settings.resync_interval
-            deadlines = [now + _LOOP_TICK, next_status]
-            deadlines += [d for d in (recheck_at, resync_at, aiter_retry_at) if d is not None]
-            if interval is not None:
-                deadlines.append(next_ping)
-            self._waker.wait(min(deadlines) - now)
+            timers = self._timers()
+            self._sleep(beat, timers, now, interval)
             if self._stop_requested:
                 self._notifier.stopping()
                 log.info("daemon.stopping")
                 return EXIT_OK
             now = self._clock.monotonic()
             if self._reload_requested:
-                self._reload_requested = False
-                if self._reload():
-                    with lock:
-                        ready_after = progress.full_attempts + 1
-                    self._reloads.pending = True
-                else:
-                    self._notifier.ready()
-                    self._reloads.finished(ok=False)
-                    reported_passes = -1  # publish now: `reload` is waiting for it
+                self._take_reload(beat)
             watcher = self._watcher
             assert watcher is not None  # noqa: S101 - set by serve()
-            watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
-            watcher.set_hal0_files(hal0.hal0_paths(self._settings).watched())  # a new venv
-            due = resync_at is not None and now >= resync_at
-            triggers = watcher.check(retry_failures=due)
-            if watch.Trigger.OBSERVER_DIED in triggers:
-                self._observer_deaths = [
-                    t for t in self._observer_deaths if now - t < _DEATH_WINDOW
-                ]
-                self._observer_deaths.append(now)
-            if triggers or due:
-                reason = ",".join(t.value for t in triggers) or "resync-interval"
-                log.info("daemon.resync_started", reason=reason)
-                self._queue.add(workqueue.Special.EVERYTHING)
-                with lock:
-                    progress.last_full_pass = now  # the next resync counts from here
-            if recheck_at is not None and now >= recheck_at:
-                with lock:
-                    progress.recheck_at = None
-                self._queue.add(workqueue.Special.HOST_FACTS)
-            if aiter_retry_at is not None and now >= aiter_retry_at:
-                self._aiter.retry_taken()
-                log.info("aiter.check_retried", reason="a build was running")
-                self._queue.add(workqueue.Special.AITER)
-            with lock:
-                full_passes = progress.full_attempts  # READY even when a file is poisoned
-                # what status.json shows changed (not a batch that changed nothing, such as
-                # the echo of the daemon's own write), or the aiter check ran
-                passes_done = progress.revision + self._aiter.generation()
-                passes_done += self._restarter.revision  # a restart waited, ended or failed
-            became_ready = ready_after is not None and full_passes >= ready_after
-            if became_ready:
-                ready_after = None
-                if self._reloads.pending:  # the new settings' first full pass is done
-                    self._reloads.finished(ok=True)  # published just below, with READY=1
-            problems = self._health(worker, now)
-            ready = ready_after is None
-            changed = self._check_slots_dir() or became_ready or ready != reported_ready
-            changed |= passes_done != reported_passes or problems != reported_problems
-            if changed or now >= next_status:
-                if problems and problems != reported_problems:
-                    log.error("daemon.unhealthy", problems=problems, watchdog="pings stopped")
-                elif reported_problems and not problems:
-                    log.info("daemon.healthy_again")
-                reported_passes = passes_done
-                reported_problems = problems
-                reported_ready = ready
-                next_status = now + status.HEARTBEAT
-                self._publish(problems, ready=ready)
+            self._look(watcher, timers, now)
+            full_passes, passes_done = self._counts()
+            became_ready = self._readiness(beat, full_passes)
+            problems = self._reporter.report(
+                worker,
+                watcher,
+                now,
+                passes_done,
+                ready=beat.ready_after is None,
+                became_ready=became_ready,
+            )
             if became_ready:  # after status.json says so: whoever READY=1 wakes reads "running"
                 self._notifier.ready()
                 log.info("daemon.ready", watches=watcher.health().mode)
                 memory.resume()  # the start's garbage, collected now that READY is out
-            if self._stale_view():
+            if self._health.stale_view():
                 self._notifier.stopping()
                 return EXIT_FRESH_VIEW
-            if interval is not None and not problems and now >= next_ping:
+            if interval is not None and not problems and now >= beat.next_ping:
                 self._notifier.watchdog()
-                next_ping = now + interval
+                beat.next_ping = now + interval
 
-    def _stale_view(self) -> bool:
-        """Under systemd (``INVOCATION_ID``), slot writes failing with EROFS mean the sandbox's
-        view of a re-created /etc/hal0 (``ProtectSystem=strict`` binds only the folder that
-        existed at start writable): exit 75 and let systemd restart with a fresh view, said as
-        such, not as a watchdog abort. Elsewhere a read-only folder only makes it unhealthy."""
-        if not os.environ.get("INVOCATION_ID"):
-            return False
+    def _timers(self) -> _Timers:
+        progress = self._passes.progress
         with self._passes.lock:
-            problem = self._passes.progress.problems.get("writes-read-only")
-        if problem is None:
-            return False
-        log.error(
-            "daemon.restart_requested",
-            message=f"{self._settings.slots_dir.parent} was re-created; restarting to see it",
-            problem=problem,
-            exit_status=EXIT_FRESH_VIEW,
-        )
-        return True
-
-    def _health(self, worker: passes.Worker, now: float) -> list[str]:
-        """Why the daemon is not healthy (empty: healthy)."""
+            recheck_at = progress.recheck_at
+            last_full = progress.last_full_pass
+        aiter_retry_at = self._aiter.retry_at()
         settings = self._settings
-        problems: list[str] = []
-        with self._passes.lock:
-            busy_since = self._passes.progress.busy_since
-        if not worker.is_alive():
-            problems.append("the worker thread died")
-        elif busy_since is not None and now - busy_since > settings.stuck_after:
-            problems.append(f"a pass has been running for {round(now - busy_since)}s")
-        elif self._queue.oldest_pending_age(now) > settings.stuck_after + settings.settle_cap:
-            problems.append("the work queue is not moving")
-        if not self._restarter.is_alive():
-            problems.append("the restarter thread died")
-        elif self._restarter.busy_for() > settings.restart_timeout + settings.stuck_after:
-            problems.append("a slot restart is stuck")  # hal0's answer may take restart_timeout
-        recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
-        if len(recent) >= _MAX_OBSERVER_DEATHS:
-            problems.append(f"the file observer died {len(recent)} times in 10 minutes")
-        with self._passes.lock:  # slot writes failing, an aiter check that cannot run
-            found = self._passes.progress.problems
-            problems += [found[k] for k in sorted(found) if k in passes.HEALTH_PROBLEMS]
-        problems += passes.failures(self._passes)  # its last batch failed
-        return problems
+        resync_at = None if last_full is None else last_full + settings.resync_interval
+        return _Timers(recheck_at, resync_at, aiter_retry_at)
 
-    def _check_slots_dir(self) -> bool:
-        """A missing slots folder is said once, at warning; the daemon is degraded (not dead:
-        the watches bring the folder in at once when it appears) until it is there."""
-        folder = self._settings.slots_dir
-        problem = None
-        if not folder.is_dir():
-            what = "does not exist" if not folder.exists() else "is not a directory"
-            problem = f"slots directory {folder} {what}"
-        if problem == self._slots_dir_problem:
-            return False
-        if problem is not None:
-            log.warning(
-                "daemon.slots_dir_missing",
-                path=str(folder),
-                problem=problem,
-                action="watching for it to appear; degraded until then",
-            )
+    def _sleep(self, beat: _Beat, timers: _Timers, now: float, interval: float | None) -> None:
+        """Until the earliest of the tick, the status heartbeat, the timers and the ping."""
+        deadlines = [now + _LOOP_TICK, self._reporter.next_status]
+        deadlines += [
+            d for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at) if d is not None
+        ]
+        if interval is not None:
+            deadlines.append(beat.next_ping)
+        self._waker.wait(min(deadlines) - now)
+
+    def _take_reload(self, beat: _Beat) -> None:
+        """SIGHUP: READY=1 again after the new settings' first full pass, or at once when
+        they were refused (``reload`` is waiting for the answer)."""
+        self._reload_requested = False
+        if self._reload():
+            with self._passes.lock:
+                beat.ready_after = self._passes.progress.full_attempts + 1
+            self._reloads.pending = True
         else:
-            log.info("daemon.slots_dir_found", path=str(folder))
-        self._slots_dir_problem = problem
-        return True
+            self._notifier.ready()
+            self._reloads.finished(ok=False)
+            self._reporter.republish()  # publish now: `reload` is waiting for it
 
-    def _publish(self, problems: list[str], *, ready: bool) -> None:
-        """STATUS= line and status.json."""
-        watcher = self._watcher
-        sources = publish.Sources(
-            passes=self._passes,
-            health=watcher.health() if watcher is not None else None,
-            pending_restarts=self._restarter.pending(),
-            selfheal=self._aiter,
-            started_at=self._started_at,
-            slots_json=self._slots_json,
-        )
-        degraded: tuple[str, ...] = ()
-        if self._slots_dir_problem is not None:
-            degraded = (self._slots_dir_problem,)
-        degraded += tuple(self._restarter.problems().values())  # failed, busy past bound, API
-        snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
-        snapshot["restarts"] = self._restarter.report()
-        snapshot["labels_not_applied"] = self._passes.labels.report()
-        snapshot["reload"] = self._reloads.snapshot()
-        try:
-            status.write_status(self._settings, snapshot)
-        except OSError as exc:
-            log.warning("daemon.status_write_failed", error=str(exc))
-        self._passes.note_health(healthy=snapshot["healthy"], settings=self._settings)
-        self._notifier.status(line)
+    def _look(self, watcher: watch.Watcher, timers: _Timers, now: float) -> None:
+        """The watches repaired (a full pass when events may be lost), and the work of the
+        timers that came due queued: the resync, the host facts' recheck, the aiter retry."""
+        watcher.set_aiter_dirs(self._aiter.watch_paths())  # the worker learns new JIT folders
+        watcher.set_hal0_files(hal0.hal0_paths(self._settings).watched())  # a new venv
+        progress, lock = self._passes.progress, self._passes.lock
+        resync_at, recheck_at = timers.resync_at, timers.recheck_at
+        due = resync_at is not None and now >= resync_at
+        triggers = watcher.check(retry_failures=due)
+        if watch.Trigger.OBSERVER_DIED in triggers:
+            self._health.observer_died(now)
+        if triggers or due:
+            reason = ",".join(t.value for t in triggers) or "resync-interval"
+            log.info("daemon.resync_started", reason=reason)
+            self._queue.add(workqueue.Special.EVERYTHING)
+            with lock:
+                progress.last_full_pass = now  # the next resync counts from here
+        if recheck_at is not None and now >= recheck_at:
+            with lock:
+                progress.recheck_at = None
+            self._queue.add(workqueue.Special.HOST_FACTS)
+        aiter_retry_at = timers.aiter_retry_at
+        if aiter_retry_at is not None and now >= aiter_retry_at:
+            self._aiter.retry_taken()
+            log.info("aiter.check_retried", reason="a build was running")
+            self._queue.add(workqueue.Special.AITER)
+
+    def _counts(self) -> tuple[int, int]:
+        """The full passes done (READY waits for them), and what was published as done."""
+        with self._passes.lock:
+            full_passes = self._passes.progress.full_attempts  # READY even when a file is poisoned
+            # what status.json shows changed (not a batch that changed nothing, such as
+            # the echo of the daemon's own write), or the aiter check ran
+            passes_done = self._passes.progress.revision + self._aiter.generation()
+            passes_done += self._restarter.revision  # a restart waited, ended or failed
+        return full_passes, passes_done
+
+    def _readiness(self, beat: _Beat, full_passes: int) -> bool:
+        """True once, when the full passes READY=1 waits for are done (at the start, and after
+        a reload: then ``reload`` is told)."""
+        became_ready = beat.ready_after is not None and full_passes >= beat.ready_after
+        if became_ready:
+            beat.ready_after = None
+            if self._reloads.pending:  # the new settings' first full pass is done
+                self._reloads.finished(ok=True)  # published just below, with READY=1
+        return became_ready
 
     def _reload(self) -> bool:
         """SIGHUP: RELOADING=1, new settings, a full pass; False when the settings are bad."""
@@ -445,6 +374,8 @@ class Runner:
             log.info("daemon.logging_changed", log_format=used.value, log_level=new.log_level)
         self._settings = new
         self._passes.update_settings(new)
+        self._health.update_settings(new)
+        self._reporter.update_settings(new)
         self._aiter.update_settings(new)
         self._queue.tune(settle=new.settle_window, cap=new.settle_cap, windows=_windows(new))
         self._restarter.update_settings(new)

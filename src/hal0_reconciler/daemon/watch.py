@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
-import fnmatch
 import logging
 import os
 import threading
@@ -41,16 +40,12 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from hal0_reconciler import _log, lifecycle
-from hal0_reconciler.daemon import _watchdog_compat
+from hal0_reconciler.daemon import _watchdog_compat, watchkeys
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
-from hal0_reconciler.model import SlotKey
 
 log = _log.get_logger("hal0_reconciler.daemon.watch")
 
 _OVERFLOW_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
-# Event types that carry no change: reading a file (and the probe's own open/close of the nodes).
-_NO_CHANGE = frozenset({"opened", "closed_no_write"})
-_NO_CHANGE_DEV = _NO_CHANGE | {"closed"}
 
 
 class Trigger(enum.StrEnum):
@@ -76,14 +71,6 @@ class ObserverLike(Protocol):
 
 ObserverFactory = Callable[[], ObserverLike]
 """Builds a fresh observer (the real one is ``watchdog.observers.Observer``)."""
-
-
-def _paths(event: FileSystemEvent) -> list[str]:
-    paths = [os.fsdecode(event.src_path)]
-    dest = getattr(event, "dest_path", "")
-    if dest:
-        paths.append(os.fsdecode(dest))
-    return paths
 
 
 class _Handler(FileSystemEventHandler):
@@ -159,120 +146,46 @@ class Watcher(lifecycle.StartStop):
         aiter_dirs: Iterable[Path] = (),
     ) -> None:
         self._slots_dir = slots_dir
-        self._slots_folder = str(slots_dir)  # as watchdog joins the names of its events to it
         self._dev_dir = dev_dir
-        self._kfd_name = kfd_name
         self._dri_dir = dri_dir
-        self._is_slot_name = is_slot_name
+        self._keys = watchkeys.EventKeys(
+            slots_dir=slots_dir,
+            dev_dir=dev_dir,
+            kfd_name=kfd_name,
+            dri_dir=dri_dir,
+            is_slot_name=is_slot_name,
+        )
         self._enqueue_raw = enqueue
         self._wake = wake
         self._factory = observer_factory
         self._observer: ObserverLike | None = None
         self._overflowed = threading.Event()
-        self._folder_changed = threading.Event()
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
             # in it: for the slots folder that says nothing its files' own events do not
-            _Watch(slots_dir, _Handler(self._slot_keys, self._enqueue), ("DirModifiedEvent",)),
-            _Watch(slots_dir.parent, _Handler(self._slots_parent_keys, self._enqueue)),
+            _Watch(slots_dir, _Handler(self._keys.slot_keys, self._enqueue), ("DirModifiedEvent",)),
+            _Watch(slots_dir.parent, _Handler(self._keys.slots_parent_keys, self._enqueue)),
         ]
         if dev_dir is not None:
-            self._watches.append(_Watch(dev_dir, _Handler(self._dev_keys, self._enqueue)))
+            self._watches.append(_Watch(dev_dir, _Handler(self._keys.dev_keys, self._enqueue)))
         if dri_dir is not None:
-            self._watches.append(_Watch(dri_dir, _Handler(self._dri_keys, self._enqueue)))
+            self._watches.append(_Watch(dri_dir, _Handler(self._keys.dri_keys, self._enqueue)))
         self._aiter_dirs: tuple[Path, ...] = ()
-        self._aiter_handler = _Handler(self._aiter_keys, self._enqueue)
-        self._hal0_names: dict[Path, frozenset[str]] = {}
-        self._hal0_leads: dict[Path, frozenset[str]] = {}  # ancestor -> the names toward a fact
-        self._hal0_moved = threading.Event()  # a lead name appeared: move the watches down
-        self._hal0_handler = _Handler(self._hal0_keys, self._enqueue)
+        self._aiter_handler = _Handler(self._keys.aiter_keys, self._enqueue)
+        self._hal0_handler = _Handler(self._keys.hal0_keys, self._enqueue)
         self.set_aiter_dirs(aiter_dirs)
 
-    # -- event → keys (run on the observer thread) -----------------------------------------------
+    # -- events → the queue (run on the observer thread) ----------------------------------------
     def _enqueue(self, keys: Iterable[WorkKey]) -> None:
         """The worker takes the keys from the queue by itself: the main loop is woken only when
         a watch needs repair now (a watched folder came or went). Waking it for every event cost
         a pipe write per event and a main-loop round per wake-up, on the threads a burst of new
         files needs most."""
         self._enqueue_raw(keys)
-        if self._folder_changed.is_set() or self._hal0_moved.is_set():
+        if self._keys.folder_changed.is_set() or self._keys.hal0_moved.is_set():
             self._wake()
-
-    def _slot_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if event.event_type in _NO_CHANGE:
-            return []
-        keys = self._slot_change_keys(event)
-        if keys and self._aiter_dirs:
-            keys.append(Special.AITER)
-        return keys
-
-    def _slot_change_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        """Plain string work, no Path per event: a burst of new files is ~4 events per file,
-        and the daemon's own writes as many again (their temp file created, written, closed,
-        renamed), all on this thread. The temp file's own events are dropped here (never a
-        slot name); its rename onto a slot file is that slot's event, by its destination."""
-        keys: list[WorkKey] = []
-        folder = self._slots_folder
-        for raw in _paths(event):
-            if raw == folder:
-                if event.event_type in {"deleted", "moved"}:
-                    keys.append(Special.EVERYTHING)  # the folder itself went or moved
-                continue
-            parent, _, name = raw.rpartition("/")
-            if parent == folder and not event.is_directory and self._is_slot_name(name):
-                keys.append(SlotKey(raw))
-        return keys
-
-    def _slots_parent_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if self._hal0_keys(event):
-            return [Special.EVERYTHING]  # hal0.toml, api.env or the manifest beside the slots
-        if event.event_type in _NO_CHANGE or event.event_type in {"modified", "closed"}:
-            return []
-        if not any(Path(p) == self._slots_dir for p in _paths(event)):
-            return []
-        self._folder_changed.set()  # re-watch it even if the new folder reuses the inode
-        return [Special.EVERYTHING]
-
-    def _dev_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if event.event_type in _NO_CHANGE_DEV:
-            return []
-        names = {self._kfd_name} | ({self._dri_dir.name} if self._dri_dir is not None else set())
-        for raw in _paths(event):
-            path = Path(raw)
-            if path.parent == self._dev_dir and path.name in names:
-                if event.is_directory:
-                    self._folder_changed.set()
-                return [Special.HOST_FACTS]
-        return []
-
-    def _dri_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if event.event_type in _NO_CHANGE_DEV:
-            return []
-        # Only nodes in the folder: watchdog also reports the folder itself as modified after
-        # a close-write inside it (the probe's own open/close would loop forever).
-        if any(Path(p).parent == self._dri_dir for p in _paths(event)):
-            return [Special.HOST_FACTS]
-        return []
-
-    def _hal0_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if event.event_type in _NO_CHANGE:
-            return []  # the reconciler's own reads of hal0's files
-        for raw in _paths(event):
-            path = Path(raw)
-            if path.name in self._hal0_names.get(path.parent, ()):
-                return [Special.EVERYTHING]
-            leads = self._hal0_leads.get(path.parent, ())
-            if any(fnmatch.fnmatchcase(path.name, lead) for lead in leads):
-                self._hal0_moved.set()  # the main loop moves the watch down, then a full pass
-                return [Special.EVERYTHING]
-        return []
-
-    def _aiter_keys(self, event: FileSystemEvent) -> list[WorkKey]:
-        if event.event_type in _NO_CHANGE:
-            return []  # the check's own reads of tables and modules
-        return [Special.AITER]
 
     def _on_overflow(self) -> None:
         self._overflowed.set()
@@ -310,6 +223,7 @@ class Watcher(lifecycle.StartStop):
         if wanted == self._aiter_dirs:
             return
         self._aiter_dirs = wanted
+        self._keys.aiter_watched = bool(wanted)  # a slot file change also re-plans aiter
         self._watch_exactly(self._aiter_handler, wanted)
 
     def set_hal0_files(self, paths: Iterable[Path]) -> None:
@@ -324,11 +238,13 @@ class Watcher(lifecycle.StartStop):
             (leads if lead else names).setdefault(folder, set()).add(name)
         wanted = {folder: frozenset(n) for folder, n in names.items()}
         wanted_leads = {folder: frozenset(n) for folder, n in leads.items()}
-        self._hal0_moved.clear()
-        if wanted == self._hal0_names and wanted_leads == self._hal0_leads:
+        self._keys.hal0_moved.clear()
+        if wanted == self._keys.hal0_names and wanted_leads == self._keys.hal0_leads:
             return
-        moved = bool(self._hal0_names or self._hal0_leads)  # not the first call: hal0 came
-        self._hal0_names, self._hal0_leads = wanted, wanted_leads
+        moved = bool(
+            self._keys.hal0_names or self._keys.hal0_leads
+        )  # not the first call: hal0 came
+        self._keys.hal0_names, self._keys.hal0_leads = wanted, wanted_leads
         folders = [*wanted, *(f for f in wanted_leads if f not in wanted)]
         self._watch_hal0(folders)
         if moved:  # what appeared before the new watch was added is seen by a full pass
@@ -379,8 +295,8 @@ class Watcher(lifecycle.StartStop):
             self._observer = self._factory()
             self._observer.start()
             retry_failures = True
-        force = self._folder_changed.is_set()
-        self._folder_changed.clear()
+        force = self._keys.folder_changed.is_set()
+        self._keys.folder_changed.clear()
         if self._schedule_missing(retry_failures=retry_failures, force=force):
             triggers.append(Trigger.REWATCHED)
         return triggers
@@ -478,7 +394,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _filtered(observer: Any, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``event_filter`` without the events every watch ignores (``_NO_CHANGE``: a file opened,
+    """``event_filter`` without the events every watch ignores (a file opened,
     or closed without writing), where watchdog can leave them out of the inotify mask (5.0 and
     later): then a process that only reads slot files costs the daemon nothing. Older
     watchdog (Debian 12's 2.2) delivers them and the handler drops them. ``ignored``: the
