@@ -28,6 +28,7 @@ PURE = [
     "aiter/tables.py",
     "aiter/routing.py",
     "aiter/plan.py",
+    "aiter/verdict.py",
     "aiter/rules.py",
     "aiter/whose.py",
 ]

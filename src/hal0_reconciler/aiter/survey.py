@@ -1,7 +1,7 @@
 """Gather the facts for every environment of every tree and turn them into plans.
 
 The I/O side of planning: slot files, ``model_configs/`` listings, tables (read once per change),
-module registries (through the cache), the KFD topology. Decisions are ``plan.decide``'s.
+module registries (through the cache), the KFD topology. Decisions are ``verdict.decide``'s.
 
 Per environment, the table reads a plan needs are listed here (``sources.Read``) and turned
 into the plan's sources, merges and needs by ``sources.Sources`` (no table decoded when nothing
@@ -29,6 +29,7 @@ from hal0_reconciler.aiter import (
     target,
     treeaccess,
     treeio,
+    verdict,
 )
 from hal0_reconciler.aiter import rules as rules_mod
 from hal0_reconciler.errors import ReconcilerError
@@ -372,7 +373,7 @@ class Surveyor:
             keyed = rules.by_module(module)[0].keyed
             if keyed is routing.Keyed.ID:  # nothing to read: ids are not strings in the file
                 modules.append(
-                    plan.decide(
+                    verdict.decide(
                         module,
                         keyed=keyed,
                         needs=needs[module],
@@ -401,7 +402,7 @@ class Surveyor:
             except boundedread.ReadRefused as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.reason)
             modules.append(
-                plan.decide(
+                verdict.decide(
                     module,
                     keyed=keyed,
                     needs=needs[module],
