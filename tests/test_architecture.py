@@ -29,6 +29,7 @@ PURE = [
     "aiter/tables.py",
     "aiter/routing.py",
     "aiter/plan.py",
+    "aiter/verdict.py",
     "aiter/rules.py",
     "aiter/whose.py",
     "reconcile/judge.py",

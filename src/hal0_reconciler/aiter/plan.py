@@ -1,8 +1,9 @@
 """The plan: per environment and module, covered / not built / uncovered, and what to do.  [pure]
 
 Kept apart from ``heal.py`` (which moves files) so the decision is testable as a table:
-facts in, records with reasons out. The convergence guard lives here: a module healed for the
-same tables and target that still misses the same names is not invalidated again.
+facts in, records with reasons out. The records and what the loaded tables ask of each module
+are here; one module's verdict is ``verdict.decide``'s (the decision table, with the
+convergence guard).
 """
 
 from __future__ import annotations
@@ -248,147 +249,6 @@ def merge_problem(
             "compiled, not counted"
         )
     return [text]
-
-
-def decide(
-    module: str,
-    *,
-    keyed: routing.Keyed,
-    needs: Needs,
-    facts: ModuleFacts,
-    digest: str,
-    memory: MemoryEntry | None,
-    heal_shape_keyed: bool = False,  # deprecated and ignored: shape-keyed modules are never healed
-) -> ModulePlan:
-    """The verdict for one module and the action that follows from it.
-
-    Only names a rebuild from the current tables can provide ever ask for a heal: never rows
-    that lose the merge, rows looked up on a target the build does not compile, or broken rows.
-    """
-    del heal_shape_keyed
-    broken = tuple(needs.broken)
-
-    def verdict(
-        status: Status,
-        action: Action,
-        reason: str,
-        missing: tuple[Missing, ...] = (),
-        unbuildable: tuple[Missing, ...] = (),
-    ) -> ModulePlan:
-        if (action is Action.NONE and unbuildable) or (
-            broken and action in {Action.NONE, Action.HEAL, Action.WARN}
-        ):
-            action = Action.OPERATOR  # a rebuild fails on a broken row: the module would be lost
-        if broken:
-            reason += (
-                f"; {len(broken)} broken row(s) no rebuild fixes "
-                f"(first {broken[0].table}:{broken[0].line})"
-            )
-        return ModulePlan(
-            module,
-            facts.so_path,
-            keyed,
-            status,
-            action,
-            len(needs.names) + len(needs.unbuildable),
-            missing,
-            digest,
-            reason,
-            unbuildable,
-            broken,
-            needs.merged_away,
-        )
-
-    lookup_only = tuple(Missing(n, tuple(r)) for n, r in sorted(needs.unbuildable.items()))
-    if keyed is routing.Keyed.ID and not facts.exists:
-        return verdict(
-            Status.NOT_BUILT,
-            Action.NONE,
-            "not built yet: aiter builds it from the current tables on first use (by kernel "
-            "id, which the file does not show afterwards either)",
-        )
-    if keyed is routing.Keyed.ID:
-        return verdict(
-            Status.UNVERIFIABLE,
-            Action.NONE,
-            f"{len(needs.names) + len(needs.unbuildable)} kernel id(s) route here; the module "
-            "keeps ids as integers in a lookup table, not as strings, so whether it compiled "
-            "them cannot be verified from the file (never healed; a miss raises 'Kernel id N "
-            "not found in ... tune lookup table')",
-        )
-    if not facts.exists:
-        return verdict(
-            Status.NOT_BUILT,
-            Action.NONE,
-            "not built yet: aiter builds it from the current tables on first use",
-            unbuildable=lookup_only,
-        )
-    if facts.error is not None:
-        return verdict(Status.UNREADABLE, Action.NONE, f"cannot read the module: {facts.error}")
-    if keyed is routing.Keyed.SHAPE:
-        return verdict(
-            Status.UNVERIFIABLE,
-            Action.NONE,
-            f"shape-keyed: {len(needs.names) + len(needs.unbuildable)} kernel name(s) route "
-            "here, but the module holds a shape -> instance map whose keys are integers, with "
-            "names only inside mangled symbols; whether it compiled each shape cannot be read "
-            "from the file (not verifiable, never healed; a missing shape falls back silently "
-            "to a slower kernel)",
-        )
-    missing = tuple(
-        Missing(n, tuple(refs))
-        for n, refs in sorted(needs.names.items())
-        if not facts.registered.get(n, False)
-    )
-    unbuildable = tuple(m for m in lookup_only if not facts.registered.get(m.name, False))
-    if not missing and not unbuildable:
-        return verdict(
-            Status.COVERED,
-            Action.NONE,
-            f"all {len(needs.names)} kernel name(s) the tables route here are registered",
-        )
-    if not missing:
-        return verdict(
-            Status.UNCOVERED,
-            Action.OPERATOR,
-            f"{len(unbuildable)} kernel(s) are looked up only in rows for a target the build "
-            "does not compile: a rebuild cannot add them (see the target line)",
-            unbuildable=unbuildable,
-        )
-    names = frozenset(m.name for m in missing)
-    if (
-        memory is not None
-        and memory.kind == "healed"
-        and memory.identity is not None
-        and memory.identity == facts.identity
-    ):
-        memory = None  # the very file quarantined is back (a rename undone, e.g. a power cut)
-    if memory is not None and memory.digest == digest and names <= memory.missing:
-        if memory.kind == "restored":
-            return verdict(
-                Status.UNCOVERED,
-                Action.HELD,
-                f"restored by the operator from quarantine {memory.quarantine}; "
-                "left alone until the tables or the target change",
-                missing,
-                unbuildable,
-            )
-        return verdict(
-            Status.UNCOVERED,
-            Action.STUCK,
-            f"already invalidated in quarantine {memory.quarantine} for these tables "
-            "and target, and the rebuild still lacks these kernels: rebuilding cannot "
-            "produce them",
-            missing,
-            unbuildable,
-        )
-    return verdict(
-        Status.UNCOVERED,
-        Action.HEAL,
-        f"{len(missing)} name-keyed kernel(s) missing: the server crashes at load or graph capture",
-        missing,
-        unbuildable,
-    )
 
 
 def duplicate_rows(

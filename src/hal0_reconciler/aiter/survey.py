@@ -1,7 +1,7 @@
 """Gather the facts for every environment of every tree and turn them into plans.
 
 The I/O side of planning: slot files, ``model_configs/`` listings, tables (read once per change),
-module registries (through the cache), the KFD topology. Decisions are ``plan.decide``'s.
+module registries (through the cache), the KFD topology. Decisions are ``verdict.decide``'s.
 
 Per environment, the table reads a plan needs are listed here (``sources.Read``) and turned
 into the plan's sources, merges and needs by ``sources.Sources`` (no table decoded when nothing
@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from hal0_reconciler import boundedread, fsio
 from hal0_reconciler.aiter import (
@@ -24,13 +25,14 @@ from hal0_reconciler.aiter import (
     resolve,
     routing,
     sources,
-    tablecache,
     tables,
     target,
     treeaccess,
     treeio,
+    verdict,
 )
 from hal0_reconciler.aiter import rules as rules_mod
+from hal0_reconciler.aiter.table_reads import TableReads
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store
@@ -109,7 +111,7 @@ class Surveyor:
         self.table_cache = self.sources.table_cache
         self.needs_cache = self.sources.needs_cache
         self.installs = installed.Installs()
-        self._untuned: dict[Path, tuple[object, tuple[str, ...]]] = {}
+        self.reads = TableReads()
         self._slots: dict[_FileKey, SlotEnv] = {}
         self._kfd: tuple[frozenset[tables.Target], str | None] | None = None
         self._routings: dict[str, routing.Routing | str] = {}  # by version key (str: error)
@@ -190,25 +192,13 @@ class Surveyor:
         routing_key = hashlib.sha256(repr(rules_in).encode()).hexdigest()
         choice = target.choose_target(tree.target, env, kfd=self.kfd(), build_cu=ruleset.build_cu)
         configs = tree.package_dir / "configs"
-        overlays = treeaccess.listdir(io, configs / "model_configs")
-        resolutions = tuple(
-            resolve.resolve(
-                route,
-                env,
-                configs_dir=configs,
-                overlay_names=overlays,
-                exists=io.is_file,
-                rules=ruleset,
-            )
-            for route in rules_in.tables
-        )
+        resolutions = _resolutions(rules_in, env, configs, io, ruleset)
         problems = [*found.notes, *routing_problem, *(p for r in resolutions for p in r.problems)]
         notes: list[str] = []
         checked = choice.error is None and bool(choice.targets)
         found_sources: list[plan.TableSource] = []
         modules: list[plan.ModulePlan] = []
         if checked:
-            reads, merged = self._reads(resolutions, rules_in, configs, io, ruleset.dedup_keys)
             context = (
                 str(choice),
                 sorted(choice.lookup),
@@ -216,36 +206,13 @@ class Surveyor:
                 repr(ruleset),
                 found.version,
             )
-            found_sources, merges, needs = self.sources.derive(
-                reads, len(merged), choice, context, routing_key, io=io, limits=self._limits
-            )
-            duplicates: dict[str, list[plan.Broken]] = {}
-            for res, (lost, in_dups) in zip(merged, merges, strict=True):
-                if res.merged:  # resolved in memory: aiter's normal work, said as a note
-                    in_memory = ruleset.dedup_merge is not rules_mod.DedupMerge.REWRITE_AND_RERUN
-                    said = plan.merge_problem(res, lost, in_dups, ruleset)
-                    (notes if in_memory else problems).extend(said)
-                for module, rows in plan.duplicate_rows(res, lost).items():
-                    duplicates.setdefault(module, []).extend(rows)
-            for module, rows in duplicates.items():
-                if module in needs:  # a copy: the derived cache's records stay as they were
-                    needs[module] = dataclasses.replace(
-                        needs[module], broken=[*needs[module].broken, *rows]
-                    )
-            if choice.why_apart:
-                problems.append(
-                    f"{choice.why_apart}: rows only looked up are never compiled and never "
-                    "healed (set CU_NUM to the live CU count, or unset GPU_ARCHS)"
-                )
-            modules = self._module_plans(
-                jit,
-                found_sources,
-                rules=rules_in,
-                memory=memory,
-                choice=choice,
-                needs=needs,
-                modules_seen=modules_seen,
-                io=io,
+            found_sources, modules = self._checked(
+                _Checking(jit, configs, io, rules_in, routing_key, ruleset, choice, context),
+                resolutions,
+                memory,
+                modules_seen,
+                notes=notes,
+                problems=problems,
             )
         else:
             problems.append(f"target unknown: {choice.error}; nothing is checked or healed")
@@ -266,6 +233,40 @@ class Surveyor:
             notes=tuple(notes),
             handled_as=access.handled_as,
         )
+
+    def _checked(
+        self,
+        c: _Checking,
+        resolutions: tuple[resolve.Resolution, ...],
+        memory: dict[str, plan.MemoryEntry],
+        modules_seen: list[Path],
+        *,
+        notes: list[str],
+        problems: list[str],
+    ) -> tuple[list[plan.TableSource], list[plan.ModulePlan]]:
+        """The sources and module verdicts of an environment whose target is known; what the
+        merges and the target say is added to ``notes`` and ``problems``."""
+        reads, merged = self.reads.plan(resolutions, c.rules, c.configs, c.io, c.ruleset.dedup_keys)
+        found_sources, merges, needs = self.sources.derive(
+            reads, len(merged), c.choice, c.context, c.routing_key, io=c.io, limits=self._limits
+        )
+        needs = _with_merges(merged, merges, needs, c.ruleset, notes=notes, problems=problems)
+        if c.choice.why_apart:
+            problems.append(
+                f"{c.choice.why_apart}: rows only looked up are never compiled and never "
+                "healed (set CU_NUM to the live CU count, or unset GPU_ARCHS)"
+            )
+        modules = self._module_plans(
+            c.jit,
+            found_sources,
+            rules=c.rules,
+            memory=memory,
+            choice=c.choice,
+            needs=needs,
+            modules_seen=modules_seen,
+            io=c.io,
+        )
+        return found_sources, modules
 
     def _routing_for(
         self, tree: AiterTree, ruleset: rules_mod.RuleSet, given: routing.Routing
@@ -300,59 +301,6 @@ class Surveyor:
             why.append(f"{treeaccess.OUTSIDE} (slot {slot}, its JIT folder {str(jit)!r})")
         return why
 
-    def _reads(
-        self,
-        resolutions: tuple[resolve.Resolution, ...],
-        rules_in: routing.Routing,
-        configs: Path,
-        io: treeio.TreeIO,
-        dedup_keys: tuple[str, ...] = ("cu_num", "gfx"),
-    ) -> tuple[list[sources.Read], list[resolve.Resolution]]:
-        """The table reads a plan needs, in plan order, and the resolutions aiter merges."""
-        reads: list[sources.Read] = []
-        merged: list[resolve.Resolution] = []
-        for res in resolutions:
-            feeds = [r for r in rules_in.registries if res.route.stem in r.tables]
-            if not (res.route.compiled or feeds):
-                continue
-            # merged files: aiter's duplicate merge; one file: its lookup needs unique shapes
-            keys = self._merge_keys(configs, res.route.stem, dedup_keys, io) if res.loaded else ()
-            group = -1
-            if keys:
-                group = len(merged)
-                merged.append(res)
-            part = sources.Part.SOURCE if res.route.compiled else sources.Part.MERGE
-            reads.extend(sources.Read(f, res.route, keys, part, group) for f in res.loaded)
-            # an id-keyed module's rows: a source only when the file has rows of its libtype
-            reads.extend(
-                sources.Read(f, reg.route, (), sources.Part.FEED, -1)
-                for reg in feeds
-                for f in res.loaded
-            )
-        for reg in rules_in.registries:
-            reads.extend(
-                sources.Read(f, reg.route, (), sources.Part.SOURCE, -1)
-                for f in _fixed_files(io, configs, reg.files)
-            )
-        return reads, merged
-
-    def _merge_keys(
-        self, configs: Path, stem: str, extra: tuple[str, ...], io: treeio.TreeIO
-    ) -> tuple[str, ...]:
-        """aiter's duplicate-merge keys: the untuned sibling's columns + ``extra`` (the installed
-        aiter's); none (no merge) when the untuned file is absent."""
-        path = configs / f"{'untuned'.join(stem.rsplit('tuned', 1))}.csv"
-        ident = _identity(io, path)
-        cached = self._untuned.get(path)
-        if cached is not None and cached[0] == (ident, extra):
-            return cached[1]
-        keys: tuple[str, ...] = ()
-        if ident is not None and (head := treeaccess.header_line(io, path)) is not None:
-            cols = [c.strip() for c in head.strip().split(",") if c.strip()]
-            keys = tuple(dict.fromkeys([*cols, *extra]))
-        self._untuned[path] = ((ident, extra), keys)
-        return keys
-
     def _module_plans(
         self,
         jit: Path,
@@ -372,7 +320,7 @@ class Surveyor:
             keyed = rules.by_module(module)[0].keyed
             if keyed is routing.Keyed.ID:  # nothing to read: ids are not strings in the file
                 modules.append(
-                    plan.decide(
+                    verdict.decide(
                         module,
                         keyed=keyed,
                         needs=needs[module],
@@ -401,7 +349,7 @@ class Surveyor:
             except boundedread.ReadRefused as exc:
                 facts = plan.ModuleFacts(so, exists=True, error=exc.reason)
             modules.append(
-                plan.decide(
+                verdict.decide(
                     module,
                     keyed=keyed,
                     needs=needs[module],
@@ -413,12 +361,67 @@ class Surveyor:
         return modules
 
 
-def _identity(io: treeio.TreeIO, path: Path) -> tablecache.Stamp | None:
-    try:
-        st = io.lstat(path)
-    except OSError:
-        return None
-    return None if st is None or not st.is_file else sources.stamp(st)
+def _resolutions(
+    rules_in: routing.Routing,
+    env: dict[str, str],
+    configs: Path,
+    io: treeio.TreeIO,
+    ruleset: rules_mod.RuleSet,
+) -> tuple[resolve.Resolution, ...]:
+    """Which files each routed table resolves to in ``env`` (aiter's variables and overlays)."""
+    overlays = treeaccess.listdir(io, configs / "model_configs")
+    return tuple(
+        resolve.resolve(
+            route,
+            env,
+            configs_dir=configs,
+            overlay_names=overlays,
+            exists=io.is_file,
+            rules=ruleset,
+        )
+        for route in rules_in.tables
+    )
+
+
+@dataclass(frozen=True)
+class _Checking:
+    """What checking one environment's tables goes by."""
+
+    jit: Path
+    configs: Path
+    io: treeio.TreeIO
+    rules: routing.Routing
+    routing_key: str
+    ruleset: rules_mod.RuleSet
+    choice: target.TargetChoice
+    context: tuple[object, ...]  # what the derived cache's entries are valid for
+
+
+def _with_merges(
+    merged: list[resolve.Resolution],
+    merges: Sequence[tuple[Mapping[PurePath, frozenset[int]], int]],
+    needs: dict[str, plan.Needs],
+    ruleset: rules_mod.RuleSet,
+    *,
+    notes: list[str],
+    problems: list[str],
+) -> dict[str, plan.Needs]:
+    """``needs`` with the rows an unmerged file repeats as broken; what the duplicate-shape
+    merges do is said in ``notes`` (resolved in memory) or ``problems``."""
+    duplicates: dict[str, list[plan.Broken]] = {}
+    for res, (lost, in_dups) in zip(merged, merges, strict=True):
+        if res.merged:  # resolved in memory: aiter's normal work, said as a note
+            in_memory = ruleset.dedup_merge is not rules_mod.DedupMerge.REWRITE_AND_RERUN
+            said = plan.merge_problem(res, lost, in_dups, ruleset)
+            (notes if in_memory else problems).extend(said)
+        for module, rows in plan.duplicate_rows(res, lost).items():
+            duplicates.setdefault(module, []).extend(rows)
+    for module, rows in duplicates.items():
+        if module in needs:  # a copy: the derived cache's records stay as they were
+            needs[module] = dataclasses.replace(
+                needs[module], broken=[*needs[module].broken, *rows]
+            )
+    return needs
 
 
 def _exists(io: treeio.TreeIO, path: Path) -> bool:
@@ -426,16 +429,6 @@ def _exists(io: treeio.TreeIO, path: Path) -> bool:
         return io.lstat(path) is not None
     except OSError:
         return False
-
-
-def _fixed_files(
-    io: treeio.TreeIO, configs: Path, patterns: tuple[str, ...]
-) -> list[resolve.ResolvedFile]:
-    """The files fixed globs under ``configs/`` name (sorted, as aiter's generator globs them)."""
-    return [
-        resolve.ResolvedFile(p, resolve.Origin.FIXED, exists=True)
-        for p in treeaccess.fixed_files(io, configs, patterns)
-    ]
 
 
 def _read_slot(path: Path, max_bytes: int) -> SlotEnv:
