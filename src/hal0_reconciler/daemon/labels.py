@@ -50,7 +50,9 @@ def candidates(
         label = v.new if o.status is reconcile.OutcomeStatus.RELABELED and v.new else v.old
         if label not in running_lane.LANES:
             continue
-        off = restart_rules.is_hands_off(settings.hands_off, name=o.name, slot_id=o.token)
+        off = bool(settings.hands_off) and restart_rules.is_hands_off(
+            settings.hands_off, name=o.name, slot_id=o.token
+        )
         found.append(label_check.Candidate(o.name, o.token, label, o.path, hands_off=off))
     return found
 
@@ -68,10 +70,12 @@ def look(
     outcomes: Iterable[reconcile.Outcome],
     facts: Hal0Facts,
     memory: label_check.AppliedMemory,
+    found: list[label_check.Candidate] | None = None,
 ) -> list[label_check.Looked]:
-    """Every rendered llama.cpp slot of ``outcomes``, judged (no unit state asked yet)."""
+    """Every rendered llama.cpp slot of ``outcomes``, judged (no unit state asked yet);
+    ``found``: their candidates, when the caller has them already."""
     return label_check.look(
-        candidates(outcomes, settings),
+        candidates(outcomes, settings) if found is None else found,
         quadlet_dir=settings.quadlet_dir,
         facts=facts,
         memory=memory,
@@ -130,7 +134,8 @@ class LabelWatch:
         if facts is None:
             return False
         settings = self._settings
-        looked = look(settings, outcomes, facts, self._memory)
+        found = candidates(outcomes, settings)
+        looked = look(settings, outcomes, facts, self._memory, found)
         running = running_mismatches(settings, looked)
         for x in running:
             if x.check.state is LabelState.APPLY:
@@ -145,7 +150,7 @@ class LabelWatch:
                 self._memory.note_restarted(c.token, c.label, x.fingerprint)
                 self._submit(units.RestartRequest(name=c.name, token=c.token))
         if full:
-            self._memory.keep_only(c.token for c in candidates(outcomes, settings))
+            self._memory.keep_only(c.token for c in found)
         fresh = {x.candidate.name: entry(x) for x in running}
         with self._lock:
             if full:
