@@ -49,7 +49,9 @@ class ScanningRestarter(units.Restarter):
             self._pending[request.token] = (due, request)
             self._cond.notify_all()
 
-    def _next_due(self) -> tuple[list[units.RestartRequest], settings_mod.Settings] | units._Stop:
+    def _next_due(
+        self, worker: int
+    ) -> tuple[list[units.RestartRequest], settings_mod.Settings] | units._Stop:
         with self._cond:
             while True:
                 if self._stop is not None:
@@ -64,10 +66,11 @@ class ScanningRestarter(units.Restarter):
                     requests = []
                     for _, token in due:
                         _, request = self._pending.pop(token)
+                        self._running.add(token)
                         self._previous[token] = self._last.get(token)
                         self._last[token] = now
                         requests.append(request)
-                    self._busy_since = now
+                    self._busy_since[worker] = now
                     return requests, self._settings
                 soonest = min((d for d, _ in self._pending.values()), default=None)
                 self._cond.wait(None if soonest is None else max(0.01, soonest - now))
