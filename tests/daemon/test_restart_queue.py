@@ -285,6 +285,8 @@ def test_restart_times_older_than_the_interval_are_forgotten_and_recent_ones_kep
             for name in old:
                 restarter.submit(_request(name))
             wait_until(lambda: len(api.requests) == 20, timeout=20, what="the old restarts")
+            # its last turn ended (a cleanup may come with the next wait, not after the sleep)
+            wait_until(lambda: restarter.busy_for() == 0.0, timeout=20, what="an idle restarter")
             time.sleep(1.2)  # over the interval, and over a second since the last cleanup
             restarter.submit(_request("x"))
             wait_until(lambda: len(api.requests) == 21, timeout=20, what="x's restart")
