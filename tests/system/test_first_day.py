@@ -18,7 +18,7 @@ import pytest
 
 from helpers import nspawn
 from helpers.nspawn import FILES
-from system import test_upgrades as upgrades
+from system import debs
 from system.test_in_systemd import (
     UNIT,
     amd_settings,
@@ -161,7 +161,7 @@ def test_etc_hal0_at_0750_gets_no_warning_from_systemd_and_keeps_its_mode(
 @pytest.fixture(scope="module")
 def deb_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This tree rebuilt as ``<version>+upgrade1`` (version and Debian changelog only)."""
-    return upgrades.rebuilt_newer(tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("next"))
+    return debs.rebuilt_newer(tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("next"))
 
 
 def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(

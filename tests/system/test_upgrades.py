@@ -13,9 +13,8 @@ Each test boots its own container from the cached Debian 12 root.
 
 from __future__ import annotations
 
-import re
+import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +23,9 @@ import pytest
 
 from helpers import nspawn, rootfs
 from helpers.hal0_tree import Hal0Tree
-from helpers.hosts import REPO
 from helpers.nspawn import FILES
 from system import conftest as suite
+from system import debs
 from system.conftest import FakeDev
 from system.test_first_day import cursor, systemd_said
 from system.test_in_systemd import (
@@ -38,110 +37,23 @@ from system.test_in_systemd import (
     settings_text,
     show,
     slot_text,
-    status_json,
     wait_until,
 )
 
 pytestmark = pytest.mark.timeout(900)
 
-RELEASES = {"0.1.0": "12f8b41", "0.2.0": "6aef203"}  # the recorded commits of each release
 CONFIG = "/etc/hal0/reconciler.toml"
 DEMOTIONS = "/var/lib/hal0-reconciler/demotions.json"
 SYSUSERS = "/usr/lib/sysusers.d/hal0-reconciler.conf"
-BUILD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEB_BUILD_OPTIONS": "nocheck"}
 DEBHELPER_NOISE = "Could not execute systemctl"
 ACCOUNT_NOTE = "the 'hal0' account"
-
-
-def _build(tree: Path, out: Path) -> Path:
-    """``packaging/build-deb`` of ``tree``, run from inside it (0.1.0's builds the current
-    folder's sdist), unit tests skipped (they ran when the release was made)."""
-    done = subprocess.run(
-        [str(tree / "packaging/build-deb"), str(out)],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=BUILD_ENV,
-    )
-    assert 0 == done.returncode, f"build-deb of {tree} failed:\n{done.stdout}\n{done.stderr}"
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-def old_deb(version: str) -> Path:
-    """The package of ``version`` built from its recorded commit (``git archive``), cached by
-    commit: an interrupted build never becomes the cache (built aside, renamed when done)."""
-    commit = RELEASES[version]
-    cached = rootfs.CACHE / "old-debs" / commit / f"hal0-reconciler_{version}_all.deb"
-    if cached.is_file():
-        return cached
-    known = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
-        capture_output=True,
-        check=False,
-        timeout=30,
-    )
-    if known.returncode != 0:
-        pytest.skip(f"no git history with {commit} here (a source tree without .git)")
-    with tempfile.TemporaryDirectory(prefix=f"hal0-reconciler-{version}-") as work:
-        tree = Path(work) / "src"
-        tree.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", commit],
-            capture_output=True,
-            check=True,
-            timeout=120,
-        )
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-        built = _build(tree, Path(work) / "out")
-        assert built.name == cached.name
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        aside = cached.with_suffix(".partial")
-        shutil.copy2(built, aside)
-        aside.rename(cached)
-    return cached
-
-
-def rebuilt_newer(tree_root: Path, out: Path, *, above: str = "") -> Path:
-    """This tree's package as a version apt sees as an upgrade: its own version when that is
-    above ``above``, else ``<version>+upgrade1`` (version and Debian changelog only; a
-    local version to Python, newer to dpkg); built from a copy (build-deb builds the tree it
-    is in, wherever it is called from)."""
-    tree = tree_root / "src"
-    shutil.copytree(
-        REPO,
-        tree,
-        ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "*.pyc"),
-        symlinks=True,
-    )
-    init = tree / "src/hal0_reconciler/__init__.py"
-    current = re.search(r'__version__ = "([^"]*)"', init.read_text())
-    assert current is not None
-    newer = subprocess.run(
-        ["dpkg", "--compare-versions", current[1], "gt", above or current[1]],
-        check=False,
-        timeout=30,
-    )
-    if newer.returncode != 0:
-        version = f"{current[1]}+upgrade1"
-        init.write_text(init.read_text().replace(current[0], f'__version__ = "{version}"'))
-        changelog = tree / "packaging/debian/changelog"
-        entry = (
-            f"hal0-reconciler ({version}) unstable; urgency=medium\n\n"
-            "  * Rebuilt for the upgrade test.\n\n"
-            " -- hal0-reconciler authors <hal0-reconciler@users.noreply.github.com>  "
-            "Wed, 02 Dec 2026 08:00:00 +0000\n\n"
-        )
-        changelog.write_text(entry + changelog.read_text())
-    return _build(tree, out)
 
 
 @pytest.fixture(scope="module")
 def new_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This tree's package, newer than 0.2.0 to apt (rebuilt as ``+upgrade1`` while the tree
     still says 0.2.0)."""
-    return rebuilt_newer(
+    return debs.rebuilt_newer(
         tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("newdeb"), above="0.2.0"
     )
 
@@ -189,7 +101,7 @@ def run_old_release_until_it_demotes(box: nspawn.Container, version: str) -> str
     """The old release installed and configured (with 0.1.0's deprecated aiter setting), one
     slot relabelled to gpu-rocm, then the lane lost and a second slot demoted to cpu. The lane
     stays lost. Returns the settings file as written."""
-    apt_install(box, old_deb(version))
+    apt_install(box, debs.old_deb(version))
     assert version == box.run("hal0-reconciler --version").stdout.split()[-1]
     box.run(f"mkdir -p /srv/hal0-amd/amdgpu {SLOTS}")
     mine = settings_text(**amd_settings()) + "\n[aiter]\nheal_shape_keyed = true\n"
@@ -232,7 +144,8 @@ def check_upgraded(box: nspawn.Container, said: str, mine: str, mark: str, befor
     warned = journal_entries(box, f"-u {UNIT} -p warning _SYSTEMD_INVOCATION_ID={invocation}")
     # 0.1.0's deprecated setting: accepted, and said (the message or its fields name it)
     assert any("heal_shape_keyed" in str(e) for e in warned), [e.get("MESSAGE") for e in warned]
-    wait_until("a status file", lambda: status_json(box).get("state") == "running", 20)
+    status = box.run("hal0-reconciler status --json", check=False)
+    assert "running" == json.loads(status.stdout)["state"], status.stdout
     return invocation
 
 
