@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
-        _log.mute("hal0.facts_fallback")
+        _log.mute("hal0.facts_note")
     for line in loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":

@@ -43,7 +43,7 @@ class Judge:
             image=image.effective_image(doc, self.hal0) if doc.vulkan_candidate else None,
             facts=self.facts,
             demoted_by_us=demoted,
-            rule=self.hal0.rule,
+            hold=policy.hold_of(self.hal0),
         )
 
     def held_back(self, doc: document.SlotDoc, verdict: Verdict) -> str | None:
