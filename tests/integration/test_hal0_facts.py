@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import hal0
+from hal0_reconciler.host.hal0 import reader as hal0
 from hal0_reconciler.model import Hal0Rule
 from hal0_reconciler.slots import image
 from helpers.hal0_tree import C0822, C0824, C0826, ERAS, STRIX, Hal0Tree

@@ -26,6 +26,7 @@ import pytest
 from hal0_reconciler import errors
 from hal0_reconciler.model import Action, Catalog
 from hal0_reconciler.slots import document, edit, image, limits, policy, runtime
+from helpers import hal0_facts
 from helpers.daemon_host import Host, slot_text
 from helpers.hosts import DATA, ROCM_USABLE
 from reliability import support
@@ -124,7 +125,7 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-_NONE_CAPABLE = dataclasses.replace(image.NEWEST_KNOWN, capable=frozenset())
+_NONE_CAPABLE = dataclasses.replace(hal0_facts.ALLOWLIST_13, capable=frozenset())
 """hal0 facts under which no image runs on Vulkan: every gpu-vulkan llama.cpp slot moves."""
 
 
