@@ -208,6 +208,15 @@ RUNNER_ALIASES: dict[str, str] = {"vulkanfpx": "rocmfpx"}
 '''
 
 
+RUNNERS_100_TEXT = RUNNERS_TEXT.replace(
+    """    "cuda": Runner(""",
+    """    "vulkanfpx": Runner("vulkanfpx", DEFAULT_ROCMFPX_IMAGE, "llama-server", None, "gpu", "vulkan"),
+    "cuda": Runner(""",
+    1,
+).replace('RUNNER_ALIASES: dict[str, str] = {"vulkanfpx": "rocmfpx"}\n', "")
+"""A 1.0.0-shaped runner table: ``vulkanfpx`` is a runner of its own, no aliases."""
+
+
 @dataclass(frozen=True)
 class Hal0Tree:
     """One installed hal0 under ``root`` (the settings that point the reconciler at it)."""

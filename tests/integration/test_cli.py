@@ -152,10 +152,10 @@ def test_probe_says_which_hal0_it_read(host_dirs: dict[str, Path]) -> None:
     make_usable_lane(host_dirs)
     result = cli("probe", *host_args(host_dirs))
     assert 0 == result.returncode, result.stderr
-    assert (
-        "hal0: 0.9.9; default image ghcr.io/hal0ai/hal0-rocmfpx:ade07ba; "
-        "Vulkan-capable: ghcr.io/hal0ai/hal0-combined:0822"
-    ) in result.stdout
+    assert "hal0 1.1.0: schema allowlist, capable: ghcr.io/hal0ai/hal0-combined:0822" in (
+        result.stdout
+    )
+    assert "default image: ghcr.io/hal0ai/hal0-rocmfpx:ade07ba" in result.stdout
     assert f"capable: {host_dirs['hal0_venv']}" in result.stdout
 
 

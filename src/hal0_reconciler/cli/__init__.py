@@ -71,10 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     current = loaded.settings
     resolved = _log.configure(current.log_format, current.log_level)
+    muted: list[str] = []
     if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
-        _log.mute("hal0.facts_note")
+        muted.append("hal0.facts_note")
+    if args.verb in {"plan", "once", "probe"}:
+        muted.append("hal0.release")  # their header names the release; the daemon's logs it
+    if muted:
+        _log.mute(*muted)
     for line in loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":

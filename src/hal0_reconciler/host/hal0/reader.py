@@ -152,6 +152,7 @@ def _structure(
         text = read_text(paths.schema, cap=MAX_SOURCE_BYTES)
         values, errs = pysource.module_values(text, wanted=_SCHEMA_NAMES)
     except (SourceError, pysource.Hal0CodeError) as exc:
+        problems.append(FactProblem("schema.py", str(paths.schema), str(exc), not_understood=True))
         return release.Structure.UNKNOWN, f"schema.py: {exc}", {}
     problems.extend(
         FactProblem("schema.py", str(paths.schema), errs[n], not_understood=True)
@@ -191,7 +192,8 @@ def _pins_facts(
         table = _ASSUMED_RUNNERS if settings.assume_hal0 is not None else None
         if table is None:
             why = f"hal0 {base.release}: its runner table could not be read: every slot is kept"
-            return dataclasses.replace(base, pins_problem=why)
+            problems.append(FactProblem("hal0", str(paths.runners), why, not_understood=True))
+            return dataclasses.replace(base, rule=Hal0Rule.NOT_PLACEABLE, rule_evidence=why)
     else:
         sources["runners"] = str(paths.runners)
     keys = frozenset(table)
@@ -317,6 +319,7 @@ def _allowlist_facts(
     )
     if table is None:
         why = f"hal0 {rel.version}: its runner table could not be read: every slot is kept"
+        problems.append(FactProblem("hal0", str(paths.runners), why, not_understood=True))
         return dataclasses.replace(base, rule=Hal0Rule.NOT_PLACEABLE, rule_evidence=why)
     sources["bundled"] = str(paths.runners)
     bundled, aliases = table.images, table.aliases if rel.folds_aliases else {}
