@@ -40,7 +40,7 @@ class Era:
 
 ERAS = {  # image sets in a 1.1-1.3-shaped tree (release numbers the placement accepts)
     "ade07ba": Era("1.1.0", ADE07BA, C0822, (), OLD_STALE),
-    "0822": Era("1.1.0", C0822, C0822, (), (ADE07BA, *OLD_STALE)),
+    "0822": Era("1.2.0", C0822, C0822, (), (ADE07BA, *OLD_STALE)),
     "0824": Era("1.2.0", C0824, C0824, (), (C0822, ADE07BA, *OLD_STALE)),
     "0826": Era("1.3.0", C0826, C0826, (STRIX,), (C0824, C0822, ADE07BA, *OLD_STALE)),
 }

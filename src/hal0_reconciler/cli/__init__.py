@@ -76,8 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
         muted.append("hal0.facts_note")
-    if args.verb in {"plan", "once", "probe"}:
-        muted.append("hal0.release")  # their header names the release; the daemon's logs it
     if muted:
         _log.mute(*muted)
     for line in loaded.deprecated:

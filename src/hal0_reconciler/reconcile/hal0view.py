@@ -35,14 +35,6 @@ class Hal0View:
         self.facts, self.problems = new, read.problems
         if quiet:
             return new
-        if old is None:
-            _log.info(
-                "hal0.release",
-                summary=hal0.summary(new),
-                release=new.release,
-                rule=new.rule.value,
-                rule_evidence=new.rule_evidence,
-            )
         if old is not None and (old.default_image, old.capable, old.rule, old.release) != (
             new.default_image,
             new.capable,
