@@ -42,7 +42,11 @@ def host_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
         "profiles_file": tmp_path / "etc/hal0/profiles.toml",
     }
     tree = Hal0Tree(tmp_path).install("ade07ba")
-    dirs |= {k: Path(v) for k, v in tree.settings().items() if k not in {"api_env_file", "restore_marker"}}
+    dirs |= {
+        k: Path(v)
+        for k, v in tree.settings().items()
+        if k not in {"api_env_file", "restore_marker"}
+    }
     dirs["slots_dir"].mkdir(parents=True)
     dirs["dri_dir"].mkdir(parents=True)
     dirs["dri_dir"].chmod(0o755)
