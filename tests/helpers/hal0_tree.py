@@ -351,7 +351,7 @@ def install_texts(
     return tree
 
 
-def plan_json(tree: Hal0Tree, slots: Path) -> dict[str, Any]:
+def plan_json(tree: Hal0Tree, slots: Path, *extra: str) -> dict[str, Any]:
     """`hal0-reconciler plan --json` over ``slots`` with this hal0 installed (an AMD host whose
     ROCm lane is usable), as a child process."""
     import json
@@ -370,7 +370,7 @@ def plan_json(tree: Hal0Tree, slots: Path) -> dict[str, Any]:
     argv += ["--hal0-release-dir", s["hal0_release_dir"]]
     argv += ["--hal0-config-file", s["hal0_config_file"]]
     argv += ["--set", f"api_env_file={s['api_env_file']}", "--log-format", "json"]
-    argv += ["--set", f"restore_marker={s['restore_marker']}"]
+    argv += ["--set", f"restore_marker={s['restore_marker']}", *extra]
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert result.returncode in (0, 2), result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)

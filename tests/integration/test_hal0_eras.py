@@ -306,3 +306,21 @@ def test_no_hal0_installed_keeps_every_slot_without_a_loud_problem(tmp_path: Pat
     assert ALL_KEEP == actions(report)
     assert "no-hal0" == report["hal0"]["rule"]["value"]
     assert {"no-hal0-installed-nothing-moved"} == {r["reason"] for r in report["slots"]}
+
+
+def test_what_if_judging_names_a_release_and_its_manifest(tmp_path: Path) -> None:
+    """`plan --assume-hal0 1.7.0 --manifest FILE` on a host with no hal0: judged by 1.7.0's
+    rules and that manifest's pins; an unknown release is a usage error."""
+    import json
+
+    write_slots(tmp_path / "slots")
+    pinned = tmp_path / "manifest.json"
+    pinned.write_text(json.dumps(manifest(gated=True)))
+    tree = Hal0Tree(tmp_path)
+    report = plan_json(
+        tree, tmp_path / "slots", "--assume-hal0", "1.7.0", "--manifest", str(pinned)
+    )
+    assert PINS_GATED == actions(report)
+    assert ("pins", "1.7.0") == (report["hal0"]["rule"]["value"], report["hal0"]["release"])
+    report = plan_json(tree, tmp_path / "slots", "--assume-hal0", "1.3.0")
+    assert "not-placeable" == report["hal0"]["rule"]["value"]  # no 1.0-1.3 code to read

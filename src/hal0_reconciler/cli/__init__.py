@@ -156,8 +156,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                 raise SettingsError(f"--set {item!r}: {part!r} is set as a value already")
             table = inner
         table[parts[-1]] = value
-    for field in (*PATH_FLAGS, "service_user", "log_format", "log_level"):
+    for field in (*PATH_FLAGS, "service_user", "log_format", "log_level", "assume_hal0"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = str(value)
+    if getattr(args, "manifest_file", None) is not None:
+        overrides["manifest_file"] = str(args.manifest_file)
     return overrides

@@ -187,14 +187,16 @@ def _pins_facts(
     settings: Settings, paths: Hal0Paths, base: Hal0Facts, problems: list[FactProblem]
 ) -> Hal0Facts:
     sources: dict[str, str] = {"version": str(paths.version)}
-    table = runners.pins_runners(paths.runners, problems) if paths.runners is not None else None
-    if table is None:
-        table = _ASSUMED_RUNNERS if settings.assume_hal0 is not None else None
+    installed = paths.pins is not None and paths.pins.is_file() and paths.runners is not None
+    table: dict[str, tuple[str, ...]] | None
+    if settings.assume_hal0 is not None and not installed:
+        table = _ASSUMED_RUNNERS  # what-if with no 1.4+ code installed
+    else:
+        table = runners.pins_runners(paths.runners, problems) if paths.runners else None
         if table is None:
             why = f"hal0 {base.release}: its runner table could not be read: every slot is kept"
             problems.append(FactProblem("hal0", str(paths.runners), why, not_understood=True))
             return dataclasses.replace(base, rule=Hal0Rule.NOT_PLACEABLE, rule_evidence=why)
-    else:
         sources["runners"] = str(paths.runners)
     keys = frozenset(table)
     vulkan = sorted(k for k, backends in table.items() if "vulkan" in backends)
