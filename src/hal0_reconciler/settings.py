@@ -138,7 +138,7 @@ class Settings:
     restart_fallback: RestartFallback = RestartFallback.NONE
     restart_min_interval: float = 60.0
     systemctl: str = "systemctl"
-    restart_timeout: float = 1200.0  # hal0's restart answer: unload + CPU-lane load + sanity probe
+    restart_timeout: float | None = None  # None: the installed hal0 release's restart budget
     busy_bound: float = 1800.0  # a slot busy this long: degraded (and still waited for)
     restart_busy: bool = False  # past busy_bound, restart a busy slot anyway (opt-in)
     idle_confirm: float = 10.0  # no load counters: idle in two reads this far apart

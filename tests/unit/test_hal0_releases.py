@@ -278,3 +278,23 @@ def test_pins_chain(case: tuple[dict[str, object], Hal0Facts, ImageResolution]) 
     fields, facts, expected = case
     doc = document.from_data({"device": "gpu-vulkan", **fields}, stem="s")
     assert expected == image.effective_image(doc, facts)
+
+
+@pytest.mark.parametrize(
+    ("version", "seconds"),
+    [
+        ("1.0.0", 2415.0),
+        ("1.2.0", 2415.0),
+        ("1.3.0", 3243.0),
+        ("v1.7.0-nightly.20261001", 3243.0),
+        ("2.0.0", 3243.0),
+        ("1.2.7", 2415.0),
+        ("0.9.8", 1200.0),
+        (None, 1200.0),
+        ("garbage", 1200.0),
+    ],
+)
+def test_the_restart_budget_is_the_installed_releases(version: str | None, seconds: float) -> None:
+    from hal0_reconciler.host.hal0 import budget
+
+    assert seconds == budget.budget_of(version)
