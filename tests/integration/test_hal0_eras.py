@@ -324,3 +324,20 @@ def test_what_if_judging_names_a_release_and_its_manifest(tmp_path: Path) -> Non
     assert ("pins", "1.7.0") == (report["hal0"]["rule"]["value"], report["hal0"]["release"])
     report = plan_json(tree, tmp_path / "slots", "--assume-hal0", "1.3.0")
     assert "not-placeable" == report["hal0"]["rule"]["value"]  # no 1.0-1.3 code to read
+
+
+@pytest.mark.parametrize(
+    ("era", "expected"), [("0826", KEEP), ("pins-ungated", RELABEL)], ids=["1.3.0", "1.7.0"]
+)
+def test_a_legacy_backend_slot_is_a_candidate_only_from_1_4(
+    tmp_path: Path, era: str, expected: str
+) -> None:
+    """1.0-1.3's relabel reads `device` alone: a `backend = "vulkan"` slot is left as it is;
+    1.4+'s conversion turns the backend into a device before its relabel."""
+    tree = Hal0Tree(tmp_path).install(era) if era in ERAS else install_era(Hal0Tree(tmp_path), era)
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    (slots / "old.toml").write_text(
+        'name = "old"\ntype = "llm"\nbackend = "vulkan"\nimage_pin = "example.org/llama:vk"\n'
+    )
+    assert {"old": expected} == actions(plan(tree, slots))

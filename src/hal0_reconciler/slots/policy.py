@@ -38,6 +38,7 @@ def decide(
     facts: HostFacts,
     demoted_by_us: bool = False,
     hold: Reason | None = None,
+    legacy_backend: bool = True,
 ) -> Verdict:
     """Keep or relabel one slot, with the reason. ``image`` is the candidate's effective image
     (None, or unresolved, counts as not capable: fail closed)."""
@@ -55,11 +56,12 @@ def decide(
         return Verdict(Action.SKIP, Reason.RUNTIME_UNRESOLVED, runtime, old)
     if runtime is not Runtime.LLAMA_SERVER:
         return keep(Reason.NOT_LLAMA_CPP)
+    candidate = is_candidate(slot, legacy_backend=legacy_backend)
     if hold is not None:  # hal0 runs gpu-vulkan as normal, or nothing to judge against
-        return keep(hold if slot.vulkan_candidate else Reason.NOT_VULKAN, image)
+        return keep(hold if candidate else Reason.NOT_VULKAN, image)
     if slot.raw_device == Device.CPU and demoted_by_us and facts.lane is LaneState.USABLE:
         return relabel(Device.GPU_ROCM, Reason.RESTORE_OWN_DEMOTION)
-    if not slot.vulkan_candidate:
+    if not candidate:
         return keep(Reason.NOT_VULKAN)
     if image is not None and image.capable:
         return keep(Reason.VULKAN_CAPABLE_IMAGE, image)
@@ -70,6 +72,20 @@ def decide(
     if facts.lane is LaneState.UNKNOWN:  # a probe that could not run proves nothing: no demotion
         return keep(Reason.LANE_UNKNOWN, image)
     return relabel(Device.CPU, Reason.NOT_CAPABLE_ROCM_UNUSABLE, image)
+
+
+def is_candidate(slot: SlotDoc, *, legacy_backend: bool) -> bool:
+    """A Vulkan-lane candidate; a slot labelled only by a legacy ``backend = "vulkan"`` only
+    when ``legacy_backend`` (1.4+: hal0's conversion turns it into ``device`` before its relabel;
+    1.0-1.3's relabel reads ``device`` alone)."""
+    if not slot.vulkan_candidate:
+        return False
+    return legacy_backend or bool(slot.raw_device)
+
+
+def backend_counts(facts: Hal0Facts) -> bool:
+    """Whether a legacy ``backend`` labels a candidate under this hal0 (1.4+ only)."""
+    return facts.rule is not Hal0Rule.ALLOWLIST
 
 
 def hold_of(facts: Hal0Facts) -> Reason | None:
