@@ -257,3 +257,35 @@ def test_an_updater_that_relabels_without_a_capable_set_is_no_release(tmp_path: 
             extra={"updater/updater.py": updater},
         )
         assert rule == hal0.read_facts(load(tree)).facts.rule.value
+
+
+def test_a_manifest_changed_after_hal0_api_started_is_judged_by_the_file_and_said(
+    tmp_path: Path,
+) -> None:
+    """1.4+ reads its manifest once per process: a newer file is judged, and the note says
+    that the running hal0-api still uses the one it read (a real `hal0 serve` process)."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers.hal0_tree import manifest
+
+    tree = Hal0Tree(tmp_path).install_pins("1.7.0", manifest(gated=True))
+    fake = tree.venv / "bin/hal0"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(30)\n")
+    fake.chmod(0o755)
+    older = time.time() - 60
+    os.utime(tree.release / "manifest.json", (older, older))
+    serve = subprocess.Popen([str(fake), "serve"])
+    try:
+        time.sleep(0.3)
+        assert [] == [p for p in hal0.read_facts(load(tree)).problems if "hal0-api" in p.why]
+        (tree.release / "manifest.json").write_text(json.dumps(manifest(gated=False)))
+        read = hal0.read_facts(load(tree))
+        (note,) = [p for p in read.problems if "hal0-api" in p.why]
+        assert not note.not_understood
+        assert frozenset() == read.facts.capable  # the file's (ungated) pins
+    finally:
+        serve.kill()
+        serve.wait(timeout=10)

@@ -30,7 +30,7 @@ from typing import Any
 
 from hal0_reconciler import errors, fsio
 from hal0_reconciler.host import envfile
-from hal0_reconciler.host.hal0 import defaults, pins, pysource, release, runners
+from hal0_reconciler.host.hal0 import api_start, defaults, pins, pysource, release, runners
 from hal0_reconciler.host.hal0.paths import Hal0Paths, hal0_paths
 from hal0_reconciler.host.hal0.sources import (
     MAX_CONFIG_BYTES,
@@ -202,7 +202,7 @@ def _pins_facts(
     vulkan = sorted(k for k, backends in table.items() if "vulkan" in backends)
     marker = _restore_marker(paths.restore_marker, base.version, problems)
     converts = not marker
-    pin_table, problem = _pins(paths, problems, sources)
+    pin_table, problem = _pins(paths, problems, sources, settings.hal0_venv)
     capable = pins.capable(pin_table, vulkan) if pin_table is not None else frozenset()
     refs = {k: ref for k, p in (pin_table or {}).items() if (ref := p.ref) is not None}
     raw_images = _raw_default_images(paths.config, problems)
@@ -243,8 +243,28 @@ _ASSUMED_RUNNERS: dict[str, tuple[str, ...]] = {
 """What-if judging with no 1.4+ code installed: the llama.cpp runners every 1.4-1.7 has."""
 
 
+def _note_newer_than_api(path: Path, venv: Path | None, problems: list[FactProblem]) -> None:
+    """Say so when the manifest changed after the running hal0-api read its own copy."""
+    if venv is None:
+        return
+    try:
+        changed = path.stat().st_mtime
+    except OSError:
+        return
+    started = api_start.started_at(venv)
+    if started is not None and changed > started:
+        why = (
+            "changed after hal0-api started: judged by the file; hal0-api judges by the "
+            "manifest it read until it restarts"
+        )
+        problems.append(FactProblem("manifest", str(path), why))
+
+
 def _pins(
-    paths: Hal0Paths, problems: list[FactProblem], sources: dict[str, str]
+    paths: Hal0Paths,
+    problems: list[FactProblem],
+    sources: dict[str, str],
+    venv: Path | None = None,
 ) -> tuple[dict[str, pins.Pin] | None, str | None]:
     """The first manifest of 1.4+'s search order, parsed; or why there are no pins (loud)."""
     candidates = paths.manifests(pins_era=True)
@@ -258,11 +278,14 @@ def _pins(
             continue
         sources["manifest"] = str(path)
         try:
-            return pins.parse(json.loads(text)), None
+            table = pins.parse(json.loads(text))
         except (ValueError, RecursionError) as exc:
             why = f"{path}: not valid JSON ({exc})"
         except pins.PinsError as exc:
             why = f"{path}: {exc}"
+        else:
+            _note_newer_than_api(path, venv, problems)
+            return table, None
         break
     else:
         why = f"no manifest.json (looked at {', '.join(str(p) for p in candidates)})"
