@@ -20,7 +20,7 @@ from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
-SCHEMA = 2  # 2: lane "state" takes the metrics' names (not-amd ...)
+SCHEMA = 3  # 2: lane "state" takes the metrics' names; 3: hal0 by release (release, rule values)
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
 MAX_BYTES = 64 << 20
 """The cap on status.json read back (a slot's entry is ~300 bytes: 200,000 slots fit)."""
