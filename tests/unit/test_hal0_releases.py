@@ -298,3 +298,44 @@ def test_the_restart_budget_is_the_installed_releases(version: str | None, secon
     from hal0_reconciler.host.hal0 import budget
 
     assert seconds == budget.budget_of(version)
+
+
+def test_pin_refs_and_spellings_of_each_row_shape() -> None:
+    assert pins.Pin("k", REPO, "b1", None, ()).ref == f"{REPO}:b1"
+    assert pins.Pin("k", REPO, "b1", D, ()).ref == REF
+    assert pins.Pin("k", REPO, None, None, ("vulkan",)).ref is None
+    assert pins.capable({"k": pins.Pin("k", REPO, None, None, ("vulkan",))}, ["k"]) == frozenset()
+    assert pins.Pin("k", REPO, None, None, ()).spellings() == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("ref", "retired"),
+    [
+        (f"ghcr.io/ggml-org/llama.cpp@{D}", False),  # a digest, no tag: pinned
+        ("ghcr.io/ggml-org/llama.cpp", True),  # no tag, no digest: floating
+        ("index.docker.io/kyuz0/amd-strix-halo-toolboxes:x", True),
+        ("registry-1.docker.io/kyuz0/amd-strix-halo-comfyui:x", True),
+        ("/", False),
+        ("", False),
+        ("LOCALHOST/hal0-rocmfpx:vk", True),
+    ],
+)
+def test_retired_image_spellings(ref: str, retired: bool) -> None:
+    assert retired == conversion.image_is_retired(ref)
+
+
+def test_binary_after_leaves_blank_and_non_strings_alone() -> None:
+    assert conversion.binary_after("  ", {"standard"}) == "  "
+    assert conversion.binary_after(7, {"standard"}) == 7
+    assert conversion.binary_after(None, {"standard"}) is None
+
+
+def test_default_images_after_precedence_and_untouched_shapes() -> None:
+    known = {"standard", "cpu"}
+    both = {"rocmfpx": "r/r:1", "standard": "r/s:1"}
+    assert conversion.default_images_after(both, known) == {"standard": "r/s:1"}
+    aliases = {"vulkanfpx": "r/v:1", "rocmfpx": "r/r:1"}
+    assert conversion.default_images_after(aliases, known) == {"standard": "r/r:1"}
+    assert conversion.default_images_after(["x"], known) == ["x"]
+    assert conversion.default_images_after("x", known) == "x"
+    assert conversion.default_images_after({}, known) == {}
