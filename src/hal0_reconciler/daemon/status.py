@@ -196,6 +196,9 @@ def report(
         lines.append("  host:       not an AMD host (nothing is touched)")
     elif lane:
         lines.append(f"  rocm lane:  {inert(lane.get('state'))} ({inert(lane.get('reason'))})")
+    hal0 = snapshot.get("hal0") or {}
+    if isinstance(hal0, dict) and hal0.get("summary"):
+        lines.append(f"  hal0:       {inert(hal0['summary'])}")
     lines.append(f"  watches:    {inert(snapshot.get('watch_mode', '?'))}")
     lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
     for file_name, slot in sorted((snapshot.get("slots") or {}).items()):
