@@ -84,8 +84,11 @@ def is_candidate(slot: SlotDoc, *, legacy_backend: bool) -> bool:
 
 
 def backend_counts(facts: Hal0Facts) -> bool:
-    """Whether a legacy ``backend`` labels a candidate under this hal0 (1.4+ only)."""
-    return facts.rule is not Hal0Rule.ALLOWLIST
+    """Whether a legacy ``backend`` labels a candidate under this hal0: 1.4+, while its
+    conversions run (a downgrade's restore marker stands them down)."""
+    return facts.rule is not Hal0Rule.ALLOWLIST and (
+        facts.rule is not Hal0Rule.PINS or facts.converts
+    )
 
 
 def hold_of(facts: Hal0Facts) -> Reason | None:
