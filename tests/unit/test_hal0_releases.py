@@ -339,3 +339,72 @@ def test_default_images_after_precedence_and_untouched_shapes() -> None:
     assert conversion.default_images_after(["x"], known) == ["x"]
     assert conversion.default_images_after("x", known) == "x"
     assert conversion.default_images_after({}, known) == {}
+
+
+def test_every_release_row() -> None:
+    """The whole table: era, gpu-vulkan runner, alias folding, --device marker, budget."""
+    rows = [
+        (
+            r.version,
+            r.rule.value,
+            r.vulkan_runner,
+            r.folds_aliases,
+            r.device_marker,
+            r.restart_budget,
+        )
+        for r in release.RELEASES
+    ]
+    assert rows == [
+        ("0.9.8", "pre-rule", None, False, False, None),
+        ("1.0.0a2", "pre-rule", None, False, False, None),
+        ("1.0.0", "allowlist", "vulkanfpx", False, False, 2415.0),
+        ("1.1.0", "allowlist", "rocmfpx", True, False, 2415.0),
+        ("1.2.0", "allowlist", "rocmfpx", True, False, 2415.0),
+        ("1.3.0", "allowlist", "rocmfpx", True, False, 3243.0),
+        ("1.4.0", "pins", "standard", False, False, 3243.0),
+        ("1.5.0", "pins", "standard", False, True, 3243.0),
+        ("1.6.0", "pins", "standard", False, True, 3243.0),
+        ("1.6.5", "pins", "standard", False, True, 3243.0),
+        ("1.7.0", "pins", "standard", False, True, 3243.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "base"),
+    [
+        ("1.7.0", "1.7.0"),
+        ("v1.7.0", "1.7.0"),
+        ("1.7.0-nightly.20261001", "1.7.0"),
+        ("1.0.0a2", "1.0.0a2"),
+        ("1.7.0+local", "1.7.0"),
+        (" 1.6.5\n", "1.6.5"),
+        ("nightly", None),
+        ("", None),
+    ],
+)
+def test_base_release(text: str, base: str | None) -> None:
+    assert base == release.base_release(text)
+
+
+def test_version_order() -> None:
+    order = [
+        "0.9.8",
+        "1.0.0a2",
+        "1.0.0",
+        "1.0.1",
+        "1.6.5",
+        "1.7",
+        "1.7.0b1",
+        "1.7.0rc1",
+        "1.7.0",
+        "1.10.0",
+    ]
+    keys = [release.version_key(v) for v in order]
+    assert keys[:6] == sorted(keys[:6])
+    assert release.version_key("1.7") == release.version_key("1.7.0")
+    assert (
+        release.version_key("1.7.0b1")
+        < release.version_key("1.7.0rc1")
+        < release.version_key("1.7.0")
+    )
+    assert release.version_key("1.10.0") > release.version_key("1.7.0")

@@ -96,11 +96,7 @@ def base_release(version: str) -> str | None:
     match = _VERSION.fullmatch(version.strip())
     if match is None:
         return None
-    base = match.group("base")
-    rest = match.group("rest") or ""
-    if rest[:1] == "." and not rest[1:2].isalpha():  # "1.7.0.1" is not a nightly of 1.7.0
-        return None
-    return base
+    return match.group("base")
 
 
 def version_key(version: str) -> tuple[tuple[int, ...], int, int]:
