@@ -408,3 +408,23 @@ def test_version_order() -> None:
         < release.version_key("1.7.0")
     )
     assert release.version_key("1.10.0") > release.version_key("1.7.0")
+
+
+def test_what_holds_every_slot_per_era() -> None:
+    from hal0_reconciler.model import Reason
+    from hal0_reconciler.slots import policy
+
+    assert policy.hold_of(PINS_FACTS) is None
+    assert policy.hold_of(pf(pins_problem="no manifest")) is Reason.MANIFEST_UNUSABLE
+    assert policy.hold_of(pf(rule=Hal0Rule.PRE_RULE)) is Reason.PRE_RULE
+    assert policy.hold_of(pf(rule=Hal0Rule.NOT_PLACEABLE)) is Reason.HAL0_NOT_PLACEABLE
+    assert policy.hold_of(pf(rule=Hal0Rule.NO_HAL0)) is Reason.NO_HAL0
+    assert policy.hold_of(pf(rule=Hal0Rule.ALLOWLIST, pins_problem="x")) is None
+    assert policy.backend_counts(PINS_FACTS)
+    assert not policy.backend_counts(pf(converts=False))
+    assert not policy.backend_counts(pf(rule=Hal0Rule.ALLOWLIST))
+    legacy = document.from_data({"backend": "vulkan"}, stem="s")
+    labelled = document.from_data({"device": "gpu-vulkan", "backend": "rocm"}, stem="s")
+    assert policy.is_candidate(legacy, legacy_backend=True)
+    assert not policy.is_candidate(legacy, legacy_backend=False)
+    assert policy.is_candidate(labelled, legacy_backend=False)
