@@ -289,3 +289,14 @@ def test_a_manifest_changed_after_hal0_api_started_is_judged_by_the_file_and_sai
     finally:
         serve.kill()
         serve.wait(timeout=10)
+
+
+def test_an_invalid_hal0_toml_on_1_3_says_hal0s_own_boot_pass_stops_there(tmp_path: Path) -> None:
+    """1.0-1.3: hal0's config migration fails on it before its relabel; the reconciler still
+    judges (decision: a broken settings file must not leave slots stale) and says why."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    tree.config.parent.mkdir(parents=True, exist_ok=True)
+    tree.config.write_text('[slots.default_images]\nnosuch = "x/y:1"\n')
+    (problem,) = [p for p in hal0.read_facts(load(tree)).problems if p.source == "hal0.toml"]
+    assert "own boot pass stops at this file" in problem.why
+    assert not problem.not_understood

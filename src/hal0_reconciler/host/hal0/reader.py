@@ -358,8 +358,19 @@ def _allowlist_facts(
         default_image = settings.default_runner_image
         bundled = {**bundled, "rocmfpx": default_image}
         sources["default_image"] = sources["bundled"] = "setting default_runner_image"
+    said = len(problems)
     raw_images = _raw_default_images(paths.config, problems)
     images = _validated_images(paths.config, raw_images, set(bundled), aliases, problems)
+    stops = (
+        f"; hal0 {rel.version}'s own boot pass stops at this file (its config migration fails "
+        "before its relabel), the reconciler still judges every slot"
+    )
+    problems[said:] = [
+        dataclasses.replace(p, why=p.why + stops)
+        if p.source == "hal0.toml" and ("refuses" in p.why or "not valid TOML" in p.why)
+        else p
+        for p in problems[said:]
+    ]
     environment = {
         k: v
         for k, v in _environment(paths.environment, problems).items()
