@@ -428,3 +428,25 @@ def test_what_holds_every_slot_per_era() -> None:
     assert policy.is_candidate(legacy, legacy_backend=True)
     assert not policy.is_candidate(legacy, legacy_backend=False)
     assert policy.is_candidate(labelled, legacy_backend=False)
+
+
+def test_assumed_and_unnamed_placements_say_why() -> None:
+    got = release.assumed("1.7.0")
+    assert (Hal0Rule.PINS, "1.7.0", False) == (
+        got.rule,
+        got.release.version if got.release else None,
+        got.loud,
+    )
+    assert "--assume-hal0" in got.evidence
+    assert release.assumed("9.9.9").loud
+    unnamed = release.place("nightly", S.PINS, "e")
+    assert "VERSION says 'nightly'" in unnamed.evidence
+    assert unnamed.note is not None
+    silent = release.place(None, S.PINS, "e")
+    assert "VERSION says" not in silent.evidence
+    assert release.place("1.7.0", S.PINS, "e").note is None
+    assert "newer than every release" in (release.place("1.8.0", S.PINS, "e").note or "")
+    assert release.version_key("1.7.0a1") < release.version_key("1.7.0b1")
+    assert release.version_key("1.7.0rc2") > release.version_key("1.7.0rc1")
+    assert release.version_key("1.7") < release.version_key("1.7.1")
+    assert release.version_key("1.7.0") == ((1, 7, 0), 3, 0)
