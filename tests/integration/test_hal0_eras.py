@@ -341,7 +341,7 @@ def test_a_legacy_backend_slot_is_a_candidate_only_from_1_4(
         'name = "old"\ntype = "llm"\nbackend = "vulkan"\nimage_pin = "example.org/llama:vk"\n'
     )
     assert {"old": expected} == actions(plan(tree, slots))
-    if era == "pins-ungated":  # a restore marker stands the conversions down: left as it is
+    if era == "pins-ungated":  # the runner-system marker leaves the profile-centric conversion
         tree.restore_marker.parent.mkdir(parents=True)
         tree.restore_marker.write_text("version=1.7.0\n")
-        assert {"old": KEEP} == actions(plan(tree, slots))
+        assert {"old": RELABEL} == actions(plan(tree, slots))

@@ -421,7 +421,7 @@ def test_what_holds_every_slot_per_era() -> None:
     assert policy.hold_of(pf(rule=Hal0Rule.NO_HAL0)) is Reason.NO_HAL0
     assert policy.hold_of(pf(rule=Hal0Rule.ALLOWLIST, pins_problem="x")) is None
     assert policy.backend_counts(PINS_FACTS)
-    assert not policy.backend_counts(pf(converts=False))
+    assert policy.backend_counts(pf(converts=False))
     assert not policy.backend_counts(pf(rule=Hal0Rule.ALLOWLIST))
     legacy = document.from_data({"backend": "vulkan"}, stem="s")
     labelled = document.from_data({"device": "gpu-vulkan", "backend": "rocm"}, stem="s")

@@ -84,11 +84,10 @@ def is_candidate(slot: SlotDoc, *, legacy_backend: bool) -> bool:
 
 
 def backend_counts(facts: Hal0Facts) -> bool:
-    """Whether a legacy ``backend`` labels a candidate under this hal0: 1.4+, while its
-    conversions run (a downgrade's restore marker stands them down)."""
-    return facts.rule is not Hal0Rule.ALLOWLIST and (
-        facts.rule is not Hal0Rule.PINS or facts.converts
-    )
+    """Whether a legacy ``backend`` labels a candidate under this hal0: 1.4+ (its
+    profile-centric conversion sets ``device`` from it before the relabel; the runner-system
+    restore marker does not stand that conversion down)."""
+    return facts.rule is not Hal0Rule.ALLOWLIST
 
 
 def hold_of(facts: Hal0Facts) -> Reason | None:
