@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def host_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
     """Temp stand-ins for every host path, nothing in them yet (a non-AMD host), and an
-    installed hal0 of the ``ade07ba`` era (its default image is not Vulkan-capable, only a pin
+    installed 1.1.0-shaped hal0 with ``ade07ba`` images (its default is not Vulkan-capable, only a pin
     to ``hal0-combined:0822`` is): the world most behaviour tests are written in.
 
     The fake /dev lives outside pytest's 0700 tmp dirs, so the service user can reach it.
@@ -42,7 +42,11 @@ def host_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
         "profiles_file": tmp_path / "etc/hal0/profiles.toml",
     }
     tree = Hal0Tree(tmp_path).install("ade07ba")
-    dirs |= {k: Path(v) for k, v in tree.settings().items() if k != "api_env_file"}
+    dirs |= {
+        k: Path(v)
+        for k, v in tree.settings().items()
+        if k not in {"api_env_file", "restore_marker"}
+    }
     dirs["slots_dir"].mkdir(parents=True)
     dirs["dri_dir"].mkdir(parents=True)
     dirs["dri_dir"].chmod(0o755)

@@ -61,7 +61,9 @@ class Reason(enum.StrEnum):
     LANE_UNKNOWN = "rocm-lane-unknown-probe-failed"
     RESTORE_OWN_DEMOTION = "rocm-usable-again-restore-own-demotion"
     PRE_RULE = "hal0-era-without-vulkan-rule"  # the installed hal0 runs gpu-vulkan as normal
-    HAL0_NOT_UNDERSTOOD = "hal0-not-understood-nothing-moved"  # its era could not be placed
+    HAL0_NOT_PLACEABLE = "hal0-not-placeable-nothing-moved"  # no known release's shape
+    NO_HAL0 = "no-hal0-installed-nothing-moved"  # nothing to judge against
+    MANIFEST_UNUSABLE = "hal0-manifest-unusable-nothing-moved"  # 1.4+: no valid runner pins
 
 
 class LaneState(enum.StrEnum):
@@ -139,20 +141,13 @@ class HostFacts:
 
 
 class Hal0Rule(enum.StrEnum):
-    """Which Vulkan-lane rule the installed hal0 applies (decided from its files)."""
+    """Which Vulkan-lane rule the installed hal0 release applies (its era)."""
 
-    PRE_RULE = "pre-rule"  # no rule at all: gpu-vulkan is hal0's normal lane
-    LANE_RETIRED = "lane-retired"  # every llama.cpp gpu-vulkan slot is moved, no image gate
-    ALLOWLIST = "allowlist"  # kept exactly when the effective image is Vulkan-capable
-    NOT_UNDERSTOOD = "not-understood"  # present but not placeable: nothing is moved
-
-
-class RunnerShape(enum.StrEnum):
-    """How the installed hal0 writes its runner table."""
-
-    CATALOG = "catalog"  # built from the lifecycle catalog; a separate vulkanfpx runner
-    LITERAL_PRE_COLLAPSE = "literal-pre-collapse"  # a literal dict with a separate vulkanfpx
-    LITERAL = "literal"  # a literal dict; vulkanfpx is an alias of rocmfpx
+    PRE_RULE = "pre-rule"  # 0.9.8, 1.0.0a2: no rule at all, gpu-vulkan is hal0's normal lane
+    ALLOWLIST = "allowlist"  # 1.0.0-1.3.0: capable when in schema.py's VULKAN_CAPABLE_IMAGE_REFS
+    PINS = "pins"  # 1.4.0+: capable when a gated spelling of the manifest's runner pins
+    NOT_PLACEABLE = "not-placeable"  # a hal0 of no known release's shape: nothing is moved
+    NO_HAL0 = "no-hal0"  # none installed: nothing to judge against, nothing is moved
 
 
 class Rung(enum.StrEnum):
@@ -160,38 +155,39 @@ class Rung(enum.StrEnum):
 
     IMAGE_PIN = "image_pin"  # the slot's `image_pin`, verbatim
     DEFAULT_IMAGES = "default_images"  # [slots].default_images[<runner>] in hal0.toml
-    ENVIRONMENT = "environment"  # HAL0_TOOLBOX_IMAGE_<RUNNER> in hal0's environment file
-    MANIFEST = "manifest"  # the release manifest's digest ref for the runner's manifest key
+    ENVIRONMENT = "environment"  # HAL0_TOOLBOX_IMAGE_<KEY> (1.4+: HAL0_RUNNER_IMAGE_<KEY>)
+    MANIFEST = "manifest"  # the manifest's ref for the runner (1.4+: its pin)
     BUNDLED = "bundled"  # the runner's image in the installed hal0's code
     UNRESOLVED = "unresolved"  # no image could be computed: not capable (fail closed)
 
 
 @dataclass(frozen=True)
 class Hal0Facts:
-    """What the installed hal0 believes about images (read from its own files).
+    """What the installed hal0 release believes about images (read from its own files).
 
-    ``sources`` says, per fact, where it came from: a file, a setting, or the newest values
-    known to this reconciler (when hal0's own source was missing or unreadable).
+    ``sources`` says, per fact, where it came from: a file or a setting.
     """
 
-    version: str | None
-    default_image: str  # DEFAULT_ROCMFPX_IMAGE
-    capable: frozenset[str]  # VULKAN_CAPABLE_IMAGE_REFS
-    stale: frozenset[str]  # STALE_ROCMFPX_IMAGE_REFS
-    bundled: Mapping[str, str]  # runner key -> bundled image
-    manifest_keys: Mapping[str, str]  # runner key -> its key in the manifest's toolbox_images
-    aliases: Mapping[str, str]  # legacy runner key -> canonical key (vulkanfpx -> rocmfpx)
+    version: str | None  # as VERSION (else the dist-info) says it
+    default_image: str  # 1.0-1.3: DEFAULT_ROCMFPX_IMAGE; 1.4+: the standard runner's pin
+    capable: frozenset[str]  # the Vulkan-capable refs, as hal0 holds them
+    stale: frozenset[str]  # 1.0-1.3: STALE_ROCMFPX_IMAGE_REFS (looked through)
+    bundled: Mapping[str, str]  # 1.0-1.3: runner key -> bundled image
+    manifest_keys: Mapping[str, str]  # 1.0-1.3: runner key -> its manifest toolbox_images key
+    aliases: Mapping[str, str]  # 1.1-1.3: legacy runner key -> canonical key
     default_images: Mapping[str, str] = field(default_factory=dict)  # hal0.toml override
-    environment: Mapping[str, str] = field(default_factory=dict)  # HAL0_TOOLBOX_IMAGE_*
-    manifest: Mapping[str, str] = field(default_factory=dict)  # manifest key -> pull ref
+    environment: Mapping[str, str] = field(default_factory=dict)  # the image overrides of api.env
+    manifest: Mapping[str, str] = field(default_factory=dict)  # key -> ref (1.4+: runner pins)
     sources: Mapping[str, str] = field(default_factory=dict)
     rule: Hal0Rule = Hal0Rule.ALLOWLIST
     rule_evidence: str = ""
-    runners_shape: RunnerShape = RunnerShape.LITERAL
-    runners_evidence: str = ""
-    vulkan_runner: str = "rocmfpx"  # the runner hal0 picks for gpu-vulkan (vulkanfpx: catalog)
-    unknown_runners: frozenset[str] = frozenset()  # runners whose image could not be read
-    manifest_tags: Mapping[str, str] = field(default_factory=dict)  # key -> tag of a digest ref
+    release: str | None = None  # the known release whose rules apply
+    vulkan_runner: str = "rocmfpx"  # the runner gpu-vulkan resolves to
+    runner_keys: frozenset[str] = frozenset()  # 1.4+: RUNNER_IMAGES keys
+    pins_problem: str | None = None  # 1.4+: the manifest is missing or invalid (nothing moves)
+    converts: bool = False  # 1.4+: judged as the runner-system conversion leaves each file
+    device_marker: bool = False  # 1.5+: Exec= carries --device Vulkan0|ROCm0|none
+    restart_budget: float | None = None  # the release's own restart budget (seconds)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,18 @@ def hal0_root() -> Path:
     return Path(home) if home.strip() else Path("/")
 
 
+def hal0_lib() -> Path:
+    """hal0's shipped tree: ``/usr/lib/hal0``, or ``$HAL0_HOME/usr-lib/hal0`` (hal0's layout)."""
+    home = os.environ.get("HAL0_HOME", "")
+    return Path(home) / "usr-lib/hal0" if home.strip() else Path("/usr/lib/hal0")
+
+
+def hal0_var_lib() -> Path:
+    """hal0's state root: ``/var/lib/hal0``, or ``$HAL0_HOME/var-lib/hal0`` (hal0's layout)."""
+    home = os.environ.get("HAL0_HOME", "")
+    return Path(home) / "var-lib/hal0" if home.strip() else Path("/var/lib/hal0")
+
+
 def default_config_path() -> Path:
     return hal0_root() / "etc/hal0/reconciler.toml"
 
@@ -86,10 +98,14 @@ class Settings:
     slot_max_bytes: int = 16384  # a larger slot file is reported, never parsed
     profiles_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/profiles.toml")
     # what the installed hal0 believes about images (read from its files; None: read)
-    hal0_venv: Path = field(default_factory=lambda: hal0_root() / "usr/lib/hal0/venv")
-    hal0_release_dir: Path = field(default_factory=lambda: hal0_root() / "usr/lib/hal0/current")
+    hal0_venv: Path = field(default_factory=lambda: hal0_lib() / "venv")
+    hal0_release_dir: Path = field(default_factory=lambda: hal0_lib() / "current")
     hal0_config_file: Path = field(default_factory=lambda: hal0_root() / "etc/hal0/hal0.toml")
-    manifest_file: Path | None = None  # None: /etc/hal0/manifest.json, else <release>/manifest.json
+    manifest_file: Path | None = None  # None: the installed release's own search order
+    restore_marker: Path = field(
+        default_factory=lambda: hal0_var_lib() / "runner-migration.restored"
+    )  # hal0 1.4+'s downgrade restore marker (its conversion stands down while it holds)
+    assume_hal0: str | None = None  # what-if: judge by this hal0 release's rules, not the installed
     vulkan_validated_images: tuple[str, ...] | None = None  # overrides VULKAN_CAPABLE_IMAGE_REFS
     stale_images: tuple[str, ...] | None = None  # overrides STALE_ROCMFPX_IMAGE_REFS
     default_runner_image: str | None = None  # overrides DEFAULT_ROCMFPX_IMAGE
@@ -122,7 +138,7 @@ class Settings:
     restart_fallback: RestartFallback = RestartFallback.NONE
     restart_min_interval: float = 60.0
     systemctl: str = "systemctl"
-    restart_timeout: float = 1200.0  # hal0's restart answer: unload + CPU-lane load + sanity probe
+    restart_timeout: float | None = None  # None: the installed hal0 release's restart budget
     busy_bound: float = 1800.0  # a slot busy this long: degraded (and still waited for)
     restart_busy: bool = False  # past busy_bound, restart a busy slot anyway (opt-in)
     idle_confirm: float = 10.0  # no load counters: idle in two reads this far apart
@@ -137,7 +153,7 @@ class Settings:
         Path("/usr/lib/systemd/system"),
         Path("/lib/systemd/system"),
     )
-    update_jobs_dir: Path = field(default_factory=lambda: hal0_root() / "var/lib/hal0/update-jobs")
+    update_jobs_dir: Path = field(default_factory=lambda: hal0_var_lib() / "update-jobs")
     update_job_max_age: float = 7200.0  # an older queued/running job is a crashed update
     hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
     quadlet_dir: Path = field(default_factory=lambda: hal0_root() / "etc/containers/systemd")

@@ -28,7 +28,7 @@ from watchdog.observers import Observer  # noqa: E402
 from hal0_reconciler import settings as settings_mod  # noqa: E402
 from hal0_reconciler.daemon import watch  # noqa: E402
 from hal0_reconciler.daemon.workqueue import Special  # noqa: E402
-from hal0_reconciler.host import hal0  # noqa: E402
+from hal0_reconciler.host.hal0 import reader as hal0  # noqa: E402
 from hal0_reconciler.slots import store  # noqa: E402
 from helpers.hal0_tree import Hal0Tree  # noqa: E402
 

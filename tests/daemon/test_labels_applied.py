@@ -20,9 +20,8 @@ from hal0_reconciler.daemon import status
 from helpers.daemon_host import Host, drop_slot, running, wait_until
 from helpers.hal0_api_server import Hal0Api
 from helpers.hal0_tree import (
-    CATALOG_RUNNERS_TEXT,
     ERAS,
-    catalog_json,
+    RUNNERS_100_TEXT,
     install_texts,
     schema_text,
 )
@@ -31,18 +30,15 @@ from helpers.hosts import REPO
 pytestmark = pytest.mark.timeout(90)
 
 VULKAN_IMAGE = "ghcr.io/hal0ai/hal0-vulkan:test"
-ROCM_IMAGE = "ghcr.io/hal0ai/hal0-combined:0824"  # the catalog era's rocmfpx default
+ROCM_IMAGE = "ghcr.io/hal0ai/hal0-combined:0824"  # the 1.0.0-shaped tree's rocmfpx default
 UNIT = "hal0-slot@agent.service"
 
 
 def _catalog_era(host: Host) -> None:
-    """A hal0 from before the rocmfpx/vulkanfpx collapse, whose two GPU lanes launch two
+    """A 1.0.0-shaped hal0 (vulkanfpx a runner of its own), whose two GPU lanes launch two
     images (the vulkanfpx runner's image set in hal0's environment)."""
     install_texts(
-        host.hal0,
-        schema=schema_text(ERAS["0824"]),
-        runners=CATALOG_RUNNERS_TEXT,
-        extra={"lifecycle/data/catalog.json": catalog_json()},
+        host.hal0, schema=schema_text(ERAS["0824"]), runners=RUNNERS_100_TEXT, version="1.0.0"
     )
     _env(host, f"HAL0_TOOLBOX_IMAGE_VULKANFPX={VULKAN_IMAGE}\n")
 

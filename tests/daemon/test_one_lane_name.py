@@ -42,7 +42,7 @@ def test_off_an_amd_host_status_and_metrics_both_say_not_amd(
         snap = json.loads(status.status_path(settings).read_text())
     assert ("not-amd", False, "not an AMD host") == (lane["state"], lane["amd"], lane["reason"])
     assert {"not-amd"} == metric_lane(metrics_file)
-    assert 2 == snap["schema"]
+    assert 3 == snap["schema"]
 
 
 def test_on_an_amd_host_the_lane_state_is_the_metrics_one(

@@ -240,7 +240,7 @@ def test_a_hal0_update_alone_is_published(tmp_path: Path) -> None:
     bench.full()
     assert revision != bench.passes.progress.revision, "a hal0 update was not published"
     snapshot, _ = publish.compose(sources, [], ready=True)
-    assert "1.0.0" == (snapshot["hal0"] or {}).get("version"), f"status: {snapshot['hal0']}"
+    assert "1.2.0" == (snapshot["hal0"] or {}).get("version"), f"status: {snapshot['hal0']}"
 
 
 def test_the_worker_keeps_nothing_about_slots_that_are_gone(tmp_path: Path) -> None:

@@ -422,7 +422,7 @@ def test_the_status_says_what_hal0_believes_and_when_it_cannot_be_understood(
     bench = Bench(tmp_path)
     bench.slot("agent")
     bench.full()
-    assert (bench.passes.progress.hal0 or {}).get("version") == "0.9.9", (
+    assert (bench.passes.progress.hal0 or {}).get("version") == "1.1.0", (
         f"the status lacks hal0's facts: {bench.passes.progress.hal0}"
     )
     schema = next(bench.hal0.venv.rglob("config/schema.py"))

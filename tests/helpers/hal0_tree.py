@@ -1,10 +1,13 @@
-"""Installed-hal0 trees of several eras, written the way hal0 lays them out on a host.
+"""Installed-hal0 trees shaped like hal0's releases, written the way hal0 lays them out.
 
-``/usr/lib/hal0/venv/lib/python3.X/site-packages/hal0/config/schema.py`` holds the image sets,
-``.../hal0/runners/__init__.py`` the runner table, ``/usr/lib/hal0/current/VERSION`` the
-version. The module texts below are written for these tests in the shapes hal0's real modules
-use (module constants, ``frozenset({...})`` of names and literals, a ``Runner(...)`` table whose
-images are names imported from ``hal0.config.schema``); they are not copies of hal0's files.
+``/usr/lib/hal0/venv/lib/python3.X/site-packages/hal0/config/schema.py`` holds the 1.0-1.3
+image sets, ``.../hal0/runners/__init__.py`` the runner table, ``.../hal0/runners/pins.py``
+marks 1.4+, ``/usr/lib/hal0/current/VERSION`` names the release and
+``/usr/lib/hal0/current/manifest.json`` holds 1.4+'s runner pins. The texts below are
+project-written facsimiles of only what the reconciler reads (module constants, a
+``Runner(...)`` table, a manifest in hal0's schema); they are not copies of hal0's files.
+Trees are keyed by release number (:data:`ERAS` for 1.1-1.3-shaped image sets,
+:func:`Hal0Tree.install_pins` for 1.4+).
 """
 
 from __future__ import annotations
@@ -35,12 +38,86 @@ class Era:
     stale: tuple[str, ...]
 
 
-ERAS = {
-    "ade07ba": Era("0.9.9", ADE07BA, C0822, (), OLD_STALE),
-    "0822": Era("1.0.0", C0822, C0822, (), (ADE07BA, *OLD_STALE)),
-    "0824": Era("1.0.1", C0824, C0824, (), (C0822, ADE07BA, *OLD_STALE)),
-    "0826": Era("1.0.2", C0826, C0826, (STRIX,), (C0824, C0822, ADE07BA, *OLD_STALE)),
+ERAS = {  # image sets in a 1.1-1.3-shaped tree (release numbers the placement accepts)
+    "ade07ba": Era("1.1.0", ADE07BA, C0822, (), OLD_STALE),
+    "0822": Era("1.2.0", C0822, C0822, (), (ADE07BA, *OLD_STALE)),
+    "0824": Era("1.2.0", C0824, C0824, (), (C0822, ADE07BA, *OLD_STALE)),
+    "0826": Era("1.3.0", C0826, C0826, (STRIX,), (C0824, C0822, ADE07BA, *OLD_STALE)),
 }
+
+PINS_RELEASES = ("1.4.0", "1.5.0", "1.6.0", "1.6.5", "1.7.0")
+STANDARD_REPO = "registry.example/hal0-runner-standard"
+DIGEST = "sha256:" + "ab" * 32
+STANDARD_REF = f"{STANDARD_REPO}:b7000-r1@{DIGEST}"
+
+PINS_SCHEMA_TEXT = '''"""Test stand-in for a 1.4+ configuration schema (no image constants)."""
+
+from __future__ import annotations
+
+_LANE_DEVICE = {"gpu-rocm": "ROCm0", "gpu-vulkan": "Vulkan0", "cpu": "none"}
+'''
+
+PINS_MODULE_TEXT = '''"""Test stand-in for 1.4+'s runner pins module (its presence marks the era)."""
+
+ENV_OVERRIDE_PREFIX = "HAL0_RUNNER_IMAGE_"
+'''
+
+PINS_RUNNERS_TEXT = '''"""Test stand-in for a 1.4+ runner registry (keys and supported backends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Runner:
+    key: str
+    runtime_family: str
+    supports: object
+    device_class: str
+    backend: str | None = None
+    supported_backends: tuple[str, ...] = ()
+
+
+RUNNER_IMAGES: dict[str, Runner] = {
+    "standard": Runner(
+        key="standard",
+        runtime_family="llama-server",
+        supports=None,
+        device_class="gpu",
+        backend="rocm",
+        supported_backends=("rocm", "vulkan"),
+    ),
+    "cpu": Runner("cpu", "llama-server", None, "cpu", None, ("cpu",)),
+    "cuda": Runner(key="cuda", runtime_family="llama-server", supports=None, device_class="gpu",
+                   backend="cuda", supported_backends=("cuda",)),
+    "flm": Runner(key="flm", runtime_family="flm", supports=None, device_class="npu",
+                  supported_backends=("npu",)),
+}
+'''
+
+
+def manifest(*, gated: bool = True, standard: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A manifest in hal0 1.4+'s schema (project data): ``standard`` gated for Vulkan when
+    ``gated``; ``standard`` replaces its row."""
+    row = (
+        standard
+        if standard is not None
+        else {
+            "image": STANDARD_REPO,
+            "tag": "b7000-r1",
+            "digest": DIGEST,
+            "lanes_gated": ["rocm", "vulkan"] if gated else ["rocm"],
+        }
+    )
+    return {
+        "version": "test",
+        "runners": {
+            "standard": row,
+            "cpu": {"image": "registry.example/hal0-runner-cpu", "tag": "b7000", "digest": None},
+            "cuda": {"image": "registry.example/llama-cuda", "tag": None, "digest": None},
+        },
+    }
 
 
 def schema_text(era: Era) -> str:
@@ -131,6 +208,15 @@ RUNNER_ALIASES: dict[str, str] = {"vulkanfpx": "rocmfpx"}
 '''
 
 
+RUNNERS_100_TEXT = RUNNERS_TEXT.replace(
+    """    "cuda": Runner(""",
+    """    "vulkanfpx": Runner("vulkanfpx", DEFAULT_ROCMFPX_IMAGE, "llama-server", None, "gpu", "vulkan"),
+    "cuda": Runner(""",
+    1,
+).replace('RUNNER_ALIASES: dict[str, str] = {"vulkanfpx": "rocmfpx"}\n', "")
+"""A 1.0.0-shaped runner table: ``vulkanfpx`` is a runner of its own, no aliases."""
+
+
 @dataclass(frozen=True)
 class Hal0Tree:
     """One installed hal0 under ``root`` (the settings that point the reconciler at it)."""
@@ -165,13 +251,34 @@ class Hal0Tree:
     def env_file(self) -> Path:
         return self.root / "etc/hal0/api.env"
 
+    @property
+    def restore_marker(self) -> Path:
+        return self.root / "var/lib/hal0/runner-migration.restored"
+
     def settings(self) -> dict[str, Any]:
         return {
             "hal0_venv": str(self.venv),
             "hal0_release_dir": str(self.release),
             "hal0_config_file": str(self.config),
             "api_env_file": str(self.env_file),
+            "restore_marker": str(self.restore_marker),
         }
+
+    def install_pins(
+        self, version: str = "1.7.0", manifest_doc: dict[str, Any] | str | None = None
+    ) -> Hal0Tree:
+        """A 1.4+-shaped release (``manifest_doc``: the release tree's manifest.json, a dict
+        as JSON or text as written; None: none)."""
+        import json
+
+        write_file(self.schema, PINS_SCHEMA_TEXT)
+        write_file(self.runners, PINS_RUNNERS_TEXT)
+        write_file(self.package / "runners/pins.py", PINS_MODULE_TEXT)
+        write_file(self.release / "VERSION", version + "\n")
+        if manifest_doc is not None:
+            text = manifest_doc if isinstance(manifest_doc, str) else json.dumps(manifest_doc)
+            write_file(self.release / "manifest.json", text)
+        return self
 
     def install(self, era: str) -> Hal0Tree:
         """Lay out (or replace, as an update does) this era's files."""
@@ -212,100 +319,12 @@ STALE_ROCMFPX_IMAGE_REFS = frozenset({{"{G}/hal0-rocmfpx:server"}})
 '''
 
 
-UPDATER_RETIRED_TEXT = '''"""Test stand-in for the updater of the lane-retired era."""
+UPDATER_RELABEL_TEXT = '''"""Test stand-in for an updater that relabels (with no capable set: no release's shape)."""
 
 
 def relabel_stale_vulkan_slots(*, kfd_present=None):
-    moved = 0
-    for holder in _slots():
-        if holder.get("device") == "gpu-vulkan":
-            holder["device"] = "gpu-rocm" if kfd_present else "cpu"
-            moved += 1
-    return moved
+    return 0
 '''
-
-UPDATER_UNRELATED_TEXT = '''"""Test stand-in for an updater with no Vulkan relabel."""
-
-
-def relabel_stale_vulkan_slots():
-    return 0  # a function of that name that never touches gpu-vulkan is no evidence
-'''
-
-CATALOG_RUNNERS_TEXT = '''"""Test stand-in for a catalog-built runner registry (before the collapse)."""
-
-from __future__ import annotations
-
-from hal0.config.schema import DEFAULT_ROCMFPX_IMAGE, FALLBACK_CUDA_IMAGE, FALLBACK_VULKAN_IMAGE
-
-_FLM_IMAGE = "ghcr.io/hal0ai/hal0-toolbox-flm:0.9.44"
-
-
-def _build_runners_from_catalog():
-    from hal0.lifecycle.catalog import LifecycleCatalog
-
-    catalog = LifecycleCatalog.load_bundled()
-    _SUPPLEMENTS: dict[str, dict[str, object]] = {
-        "rocmfpx": {"image_override": DEFAULT_ROCMFPX_IMAGE, "manifest_key": None},
-        "vulkanfpx": {"image_override": DEFAULT_ROCMFPX_IMAGE, "manifest_key": None},
-        "vulkan": {"backend_override": "vulkan", "manifest_key": None},
-        "cuda": {"image_override": FALLBACK_CUDA_IMAGE},
-        "cpu": {"image_override": FALLBACK_VULKAN_IMAGE, "manifest_key": None},
-        "flm": {"image_override": _FLM_IMAGE, "manifest_key": "flm"},
-    }
-    return {r.id: _SUPPLEMENTS.get(r.id, {}) for r in catalog.envelope.runners}
-
-
-RUNNER_IMAGES = _build_runners_from_catalog()
-
-
-def runner_for_backend(backend, device_class=None):
-    be = (backend or "").lower()
-    if be == "cuda":
-        return get_runner("cuda")
-    if be == "vulkan":
-        return get_runner("vulkanfpx")
-    return get_runner("rocmfpx")
-'''
-
-VULKAN_PACKAGE = (f"{G}/amd-strix-halo-toolboxes", "sha256:" + "5e" * 32)
-
-
-def catalog_json() -> str:
-    """A lifecycle catalog in hal0's compiled JSON shape, written for the tests."""
-    import json
-
-    runners = [
-        {"id": rid, "package": package, "backends": [backend]}
-        for rid, package, backend in (
-            ("rocmfpx", "p-rocmfpx", "rocm"),
-            ("vulkanfpx", "p-rocmfpx", "vulkan"),
-            ("vulkan", "p-toolboxes", "vulkan"),
-            ("cuda", "p-cuda", "cuda"),
-            ("cpu", "p-toolboxes", "cpu"),
-            ("flm", "p-flm", "npu"),
-            ("kokoro", "p-kokoro", "cpu"),
-            ("qwen3tts", "p-qwen3tts", "rocm"),
-            ("comfyui", "p-comfyui", "rocm"),
-        )
-    ]
-    packages = [
-        {"id": "p-rocmfpx", "repository": f"{G}/hal0-rocmfpx", "digest": "sha256:" + "11" * 32},
-        {"id": "p-toolboxes", "repository": VULKAN_PACKAGE[0], "digest": VULKAN_PACKAGE[1]},
-        {
-            "id": "p-cuda",
-            "repository": "ghcr.io/ggml-org/llama.cpp",
-            "digest": "sha256:" + "22" * 32,
-        },
-        {"id": "p-flm", "repository": f"{G}/hal0-toolbox-flm", "digest": "sha256:" + "33" * 32},
-        {
-            "id": "p-kokoro",
-            "repository": f"{G}/hal0-toolbox-kokoro",
-            "digest": "sha256:" + "44" * 32,
-        },
-        {"id": "p-qwen3tts", "repository": f"{G}/hal0-qwen3tts", "digest": "sha256:" + "55" * 32},
-        {"id": "p-comfyui", "repository": "docker.io/x/comfyui", "digest": "sha256:" + "66" * 32},
-    ]
-    return json.dumps({"schema_version": 1, "runners": runners, "packages": packages})
 
 
 def write_file(path: Path, text: str) -> None:
@@ -332,7 +351,7 @@ def install_texts(
     return tree
 
 
-def plan_json(tree: Hal0Tree, slots: Path) -> dict[str, Any]:
+def plan_json(tree: Hal0Tree, slots: Path, *extra: str) -> dict[str, Any]:
     """`hal0-reconciler plan --json` over ``slots`` with this hal0 installed (an AMD host whose
     ROCm lane is usable), as a child process."""
     import json
@@ -351,6 +370,7 @@ def plan_json(tree: Hal0Tree, slots: Path) -> dict[str, Any]:
     argv += ["--hal0-release-dir", s["hal0_release_dir"]]
     argv += ["--hal0-config-file", s["hal0_config_file"]]
     argv += ["--set", f"api_env_file={s['api_env_file']}", "--log-format", "json"]
+    argv += ["--set", f"restore_marker={s['restore_marker']}", *extra]
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert result.returncode in (0, 2), result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)

@@ -70,7 +70,7 @@ def test_plan_shows_pending_relabels_and_exits_2(
         "no",
     ] == rows["agent"]
     assert "keep" == rows["img"][4]
-    assert "7 change(s) pending" in result.stdout
+    assert "6 change(s) pending" in result.stdout
     assert before == {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
 
 
@@ -81,7 +81,7 @@ def test_plan_json_for_machines(seeded_slots: Path, host_dirs: dict[str, Path]) 
     doc = json.loads(result.stdout)
     by_slot = {s["slot"]: s for s in doc["slots"]}
     assert ("relabel", "cpu") == (by_slot["coder"]["action"], by_slot["coder"]["new"])
-    assert 7 == doc["pending"]
+    assert 6 == doc["pending"]
     assert {"amd": True, "rocm_lane": "unusable"} == {
         k: doc["host"][k] for k in ("amd", "rocm_lane")
     }
@@ -125,7 +125,7 @@ def test_once_applies_then_converges_silently(
     first = cli("once", *host_args(host_dirs), "--log-format", "json")
     assert 0 == first.returncode, first.stderr
     events = [json.loads(line)["event"] for line in first.stderr.splitlines()]
-    assert ["slot.relabeled"] * 7 == events
+    assert ["slot.relabeled"] * 6 == events
     snapshot = {p.name: p.read_bytes() for p in seeded_slots.iterdir()}
     second = cli("once", *host_args(host_dirs))
     assert (0, "") == (second.returncode, second.stderr)
@@ -152,10 +152,10 @@ def test_probe_says_which_hal0_it_read(host_dirs: dict[str, Path]) -> None:
     make_usable_lane(host_dirs)
     result = cli("probe", *host_args(host_dirs))
     assert 0 == result.returncode, result.stderr
-    assert (
-        "hal0: 0.9.9; default image ghcr.io/hal0ai/hal0-rocmfpx:ade07ba; "
-        "Vulkan-capable: ghcr.io/hal0ai/hal0-combined:0822"
-    ) in result.stdout
+    assert "hal0 1.1.0: schema allowlist, capable: ghcr.io/hal0ai/hal0-combined:0822" in (
+        result.stdout
+    )
+    assert "default image: ghcr.io/hal0ai/hal0-rocmfpx:ade07ba" in result.stdout
     assert f"capable: {host_dirs['hal0_venv']}" in result.stdout
 
 

@@ -89,12 +89,12 @@ def test_plan_exits_3_when_a_slot_file_cannot_be_judged(
     assert cli_mod.EXIT_UNJUDGED == result.returncode == 3, result.stderr
     listed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("- ")}
     assert bad == listed
-    assert "7 change(s) pending" in result.stdout
+    assert "6 change(s) pending" in result.stdout
     assert "4 slot file(s) could not be judged" in result.stdout
     doc = json.loads(
         cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable", "--json").stdout
     )
-    assert (4, 7, 3) == (doc["unjudged"], doc["pending"], doc["exit_code"])
+    assert (4, 6, 3) == (doc["unjudged"], doc["pending"], doc["exit_code"])
 
 
 def test_once_exits_3_and_says_which_files_it_could_not_judge(
@@ -132,7 +132,7 @@ def test_once_on_a_terminal_summarises_relabels(
     code, shown, _ = cli_on_a_terminal("once", *host_args(host_dirs), "--no-restart", "--no-color")
     assert 0 == code, shown
     assert "relabelled agent (agent.toml): gpu-vulkan -> gpu-rocm" in shown
-    assert shown.rstrip().endswith("7 relabelled, 6 kept, 0 problem(s)")
+    assert shown.rstrip().endswith("6 relabelled, 7 kept, 0 problem(s)")
 
 
 # -- 4. machine-readable everywhere ---------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_plan_json_has_a_schema_and_null_for_nothing(
     add_unjudgeable_slots(seeded_slots)
     result = cli("plan", *host_args(host_dirs), "--assume-amd", "--assume-rocm=usable", "--json")
     doc = json.loads(result.stdout)
-    assert cli_mod.JSON_SCHEMA == doc["schema"] == 2
+    assert cli_mod.JSON_SCHEMA == doc["schema"] == 3
     kept = next(s for s in doc["slots"] if s["slot"] == "img")
     assert ("keep", None) == (kept["action"], kept["new"])
     assert [] == [s for s in _strings(doc) if s in {"", "-"}]
@@ -165,7 +165,7 @@ def test_once_json(seeded_slots: Path, host_dirs: dict[str, Path]) -> None:
     add_unjudgeable_slots(seeded_slots)
     result = cli("once", *host_args(host_dirs), "--json")
     doc = json.loads(result.stdout)
-    assert (2, 3, 3) == (doc["schema"], doc["exit_code"], result.returncode)
+    assert (3, 3, 3) == (doc["schema"], doc["exit_code"], result.returncode)
     assert (0, 13, 4) == (doc["relabelled"], doc["kept"], doc["problems"])
     assert {"amd": False, "rocm_lane": "not-amd", "reason": "not an AMD host"} == doc["host"]
     broken = next(s for s in doc["slots"] if s["path"].endswith("broken.toml"))
@@ -179,7 +179,7 @@ def test_probe_json_on_a_non_amd_host(host_dirs: dict[str, Path]) -> None:
     result = cli("probe", *host_args(host_dirs), "--json")
     doc = json.loads(result.stdout)
     assert 1 == result.returncode
-    assert {"schema": 2, "amd": False, "rocm_lane": "not-amd", "service_user": None} == {
+    assert {"schema": 3, "amd": False, "rocm_lane": "not-amd", "service_user": None} == {
         k: doc[k] for k in ("schema", "amd", "rocm_lane", "service_user")
     }
 
@@ -199,7 +199,7 @@ def test_status_json_when_not_running(tmp_path: Path) -> None:
     """What monitoring reads: the judged state, and null when there is no daemon snapshot."""
     result = cli("status", "--runtime-dir", str(tmp_path), "--json")
     doc = json.loads(result.stdout)
-    assert (3, "not-running", None, 2) == (
+    assert (3, "not-running", None, 3) == (
         result.returncode,
         doc["state"],
         doc["daemon"],

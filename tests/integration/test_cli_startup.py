@@ -175,7 +175,7 @@ def test_plan_without_the_engine_says_what_the_engine_would(
     """On an empty folder, the plan printed without a pass is the one printed from the engine's
     pass over the same folder, hal0's fact fallbacks included."""
     from hal0_reconciler import reconcile, settings
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import HostFacts, LaneState
 
     (host_dirs["hal0_release_dir"] / "VERSION").unlink()  # a fact fallback to show

@@ -219,12 +219,12 @@ def test_plan_says_a_hal0_fallback_once_in_its_header_not_also_on_stderr(tmp_pat
     args += ["--hal0-release-dir", str(tmp_path / "no-release")]
     args += ["--hal0-config-file", str(tmp_path / "no-hal0.toml")]
     plain = cli(*args)
-    assert "hal0 fact fallback" in plain.stdout
-    assert "hal0.facts_fallback" not in plain.stderr
+    assert "hal0: " in plain.stdout
+    assert "hal0.facts_note" not in plain.stderr
     logged = cli(*args, "--log-format", "json")
     events = [json.loads(line)["event"] for line in logged.stderr.splitlines() if line]
-    assert "hal0.facts_fallback" in events
-    assert "hal0 fact fallback" in logged.stdout
+    assert "hal0.facts_note" in events
+    assert "hal0: " in logged.stdout
 
 
 def test_log_lines_into_a_pipe_are_for_people_unless_json_is_asked(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The same slot files judged under hal0 installs of four eras, through `plan --json`: the
-installed hal0 decides (hal0-contract.md, "The effective image")."""
+"""The same slot files judged under release-shaped hal0 installs, through `plan --json`: the
+installed release decides (hal0-releases.md, "The effective image")."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from helpers.hal0_tree import (
     C0822,
     C0824,
     C0826,
-    CATALOG_RUNNERS_TEXT,
     ERAS,
+    RUNNERS_100_TEXT,
     RUNNERS_TEXT,
+    STANDARD_REF,
     STRIX,
-    UPDATER_RETIRED_TEXT,
+    UPDATER_RELABEL_TEXT,
     Hal0Tree,
-    catalog_json,
     install_texts,
+    manifest,
     plan_json,
     pre_rule_schema_text,
     schema_text,
@@ -168,72 +169,82 @@ def test_the_overrides_can_make_a_slot_capable(tmp_path: Path) -> None:
 
 
 ALL_KEEP = dict.fromkeys(SLOTS, KEEP)
-ALL_RELABEL = dict.fromkeys(SLOTS, RELABEL)
-CATALOG_0824 = {**EXPECTED["0824"]}
+PINS_GATED = {  # 1.7.0, standard pinned and gated for Vulkan; retired pins judged dropped
+    "plain": KEEP,
+    "pinned-broken": KEEP,  # a retired hal0 image: hal0 drops the pin, the standard pin serves
+    "pinned-0822": KEEP,
+    "pinned-strix": KEEP,
+    "pinned-other": RELABEL,  # an operator image not in the gated spellings
+    "vulkanfpx": KEEP,  # a retired default key: standard
+    "unknown-binary": KEEP,  # cleared: the device picks standard
+}
+PINS_UNGATED = {**dict.fromkeys(SLOTS, RELABEL)}
 
 
 def install_era(tree: Hal0Tree, era: str) -> Hal0Tree:
-    """The eras before the allowlist, the catalog-built runners, and one that cannot be placed."""
+    """Release-shaped trees: before the rule, 1.0.0, one of no release's shape, and 1.7.0."""
     if era == "pre-rule":
-        return install_texts(tree, schema=pre_rule_schema_text(), runners=RUNNERS_TEXT)
-    if era == "lane-retired":
+        return install_texts(
+            tree, schema=pre_rule_schema_text(), runners=RUNNERS_TEXT, version="0.9.8"
+        )
+    if era == "not-placeable":
         return install_texts(
             tree,
             schema=pre_rule_schema_text(fixed=True),
             runners=RUNNERS_TEXT,
-            extra={"updater/updater.py": UPDATER_RETIRED_TEXT},
+            version="1.0.0",
+            extra={"updater/updater.py": UPDATER_RELABEL_TEXT},
         )
-    if era == "not-understood":
-        return install_texts(tree, schema=pre_rule_schema_text(fixed=True), runners=RUNNERS_TEXT)
-    assert era == "catalog"
-    return install_texts(
-        tree,
-        schema=schema_text(ERAS["0824"]),
-        runners=CATALOG_RUNNERS_TEXT,
-        extra={"lifecycle/data/catalog.json": catalog_json()},
-    )
+    if era == "1.0.0":
+        return install_texts(
+            tree, schema=schema_text(ERAS["0824"]), runners=RUNNERS_100_TEXT, version="1.0.0"
+        )
+    if era == "pins-gated":
+        return tree.install_pins("1.7.0", manifest(gated=True))
+    assert era == "pins-ungated"
+    return tree.install_pins("1.7.0", manifest(gated=False))
 
 
-ERA_EXPECTED = {  # era -> (rule, runners, slot -> action)
-    "pre-rule": ("pre-rule", "literal", ALL_KEEP),
-    "lane-retired": ("lane-retired", "literal", ALL_RELABEL),
-    "not-understood": ("not-understood", "literal", ALL_KEEP),
-    "catalog": ("allowlist", "catalog", CATALOG_0824),
+ERA_EXPECTED = {  # era -> (rule, release, slot -> action)
+    "pre-rule": ("pre-rule", "0.9.8", ALL_KEEP),
+    "not-placeable": ("not-placeable", None, ALL_KEEP),
+    "1.0.0": ("allowlist", "1.0.0", {**EXPECTED["0824"]}),
+    "pins-gated": ("pins", "1.7.0", PINS_GATED),
+    "pins-ungated": ("pins", "1.7.0", PINS_UNGATED),
 }
 
 
 @pytest.mark.parametrize("era", list(ERA_EXPECTED))
-def test_each_era_gives_its_own_verdict_through_plan(tmp_path: Path, era: str) -> None:
-    """The same slot files: kept before the rule and when the era cannot be placed, all moved
-    when the lane is retired, judged by image under the catalog-built runners; `plan --json`
-    names the rule and the runner table, each with its evidence."""
+def test_each_release_gives_its_own_verdict_through_plan(tmp_path: Path, era: str) -> None:
+    """The same slot files: kept before the rule and when the release cannot be placed,
+    judged by image under 1.0.0's allowlist and 1.7.0's manifest pins; `plan --json` names the
+    rule and the release, with its evidence."""
     tree = install_era(Hal0Tree(tmp_path), era)
     write_slots(tmp_path / "slots")
     report = plan(tree, tmp_path / "slots")
-    rule, runners, expected = ERA_EXPECTED[era]
+    rule, release, expected = ERA_EXPECTED[era]
     assert expected == actions(report)
-    assert (rule, runners) == (report["hal0"]["rule"]["value"], report["hal0"]["runners"]["value"])
+    assert (rule, release) == (report["hal0"]["rule"]["value"], report["hal0"]["release"])
     assert report["hal0"]["rule"]["evidence"]
-    assert report["hal0"]["runners"]["evidence"]
 
 
-def test_an_unplaced_hal0_is_loud_and_names_what_was_not_understood(tmp_path: Path) -> None:
-    """A hal0 whose era is not placed keeps every slot, and says why in its problems."""
-    tree = install_era(Hal0Tree(tmp_path), "not-understood")
+def test_an_unplaced_hal0_is_loud_and_says_why(tmp_path: Path) -> None:
+    """A hal0 of no known release's shape keeps every slot, and says why in its problems."""
+    tree = install_era(Hal0Tree(tmp_path), "not-placeable")
     write_slots(tmp_path / "slots")
     report = plan(tree, tmp_path / "slots")
     (line,) = [p for p in report["hal0"]["problems"] if "every slot is kept" in p]
-    assert "VULKAN_FIXED_IMAGE but no VULKAN_CAPABLE_IMAGE_REFS" in line
-    assert {"hal0-not-understood-nothing-moved"} == {
+    assert "relabel_stale_vulkan_slots but neither" in line
+    assert {"hal0-not-placeable-nothing-moved"} == {
         r["reason"] for r in report["slots"] if r["action"] == KEEP
     }
 
 
-def test_the_catalog_era_sends_gpu_vulkan_to_its_own_vulkanfpx_runner(tmp_path: Path) -> None:
-    """Before the collapse `gpu-vulkan` runs the vulkanfpx runner, which reads only
+def test_1_0_0_sends_gpu_vulkan_to_its_own_vulkanfpx_runner(tmp_path: Path) -> None:
+    """On 1.0.0 `gpu-vulkan` runs the vulkanfpx runner, which reads only
     HAL0_TOOLBOX_IMAGE_VULKANFPX: an override of ROCMFPX leaves it alone; one of VULKANFPX
     moves it."""
-    tree = install_era(Hal0Tree(tmp_path), "catalog")
+    tree = install_era(Hal0Tree(tmp_path), "1.0.0")
     tree.env_file.parent.mkdir(parents=True, exist_ok=True)
     tree.env_file.write_text("HAL0_TOOLBOX_IMAGE_ROCMFPX=example.org/llama:vk\n")
     write_slots(tmp_path / "slots")
@@ -245,3 +256,92 @@ def test_the_catalog_era_sends_gpu_vulkan_to_its_own_vulkanfpx_runner(tmp_path: 
     )
     tree.env_file.write_text("HAL0_TOOLBOX_IMAGE_VULKANFPX=example.org/llama:vk\n")
     assert RELABEL == actions(plan(tree, tmp_path / "slots"))["plain"]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [None, "{not json", '{"runners": {}}', '{"runners": {"standard": {"image": "a:b"}}}'],
+    ids=["missing", "not-json", "empty-table", "tagged-image"],
+)
+def test_a_1_7_0_manifest_that_gives_no_pins_keeps_every_slot_loudly(
+    tmp_path: Path, broken: str | None
+) -> None:
+    """hal0 fails closed on a missing or invalid manifest (every gpu-vulkan slot not capable);
+    the reconciler keeps every slot and says why (a half-replaced manifest never moves slots)."""
+    tree = Hal0Tree(tmp_path).install_pins("1.7.0", broken)
+    write_slots(tmp_path / "slots")
+    report = plan(tree, tmp_path / "slots")
+    assert ALL_KEEP == actions(report)
+    assert {"hal0-manifest-unusable-nothing-moved"} == {r["reason"] for r in report["slots"]}
+    assert any(
+        "every slot is kept until the manifest is valid" in p for p in report["hal0"]["problems"]
+    )
+
+
+def test_1_7_0_operator_overrides_and_the_restore_marker(tmp_path: Path) -> None:
+    """HAL0_RUNNER_IMAGE_STANDARD moves the unpinned slots off the gated pin; an old
+    HAL0_TOOLBOX_IMAGE_ROCMFPX line is judged as the conversion renames it; while a restore
+    marker holds, the raw retired pin is judged (and relabelled)."""
+    tree = install_era(Hal0Tree(tmp_path), "pins-gated")
+    write_slots(tmp_path / "slots")
+    tree.env_file.parent.mkdir(parents=True, exist_ok=True)
+    tree.env_file.write_text("HAL0_RUNNER_IMAGE_STANDARD=example.org/llama:vk\n")
+    assert RELABEL == actions(plan(tree, tmp_path / "slots"))["plain"]
+    tree.env_file.write_text(f"HAL0_TOOLBOX_IMAGE_ROCMFPX={STANDARD_REF}\n")
+    assert KEEP == actions(plan(tree, tmp_path / "slots"))["plain"]
+    tree.env_file.write_text("HAL0_TOOLBOX_IMAGE_ROCMFPX=example.org/llama:vk\n")
+    assert RELABEL == actions(plan(tree, tmp_path / "slots"))["plain"]
+    tree.env_file.write_text("")
+    tree.restore_marker.parent.mkdir(parents=True)
+    tree.restore_marker.write_text("version=1.7.0\n")
+    got = actions(plan(tree, tmp_path / "slots"))
+    assert (KEEP, RELABEL) == (got["plain"], got["pinned-broken"])
+    tree.restore_marker.write_text("version=1.6.5\n")  # another release's marker: stale
+    assert KEEP == actions(plan(tree, tmp_path / "slots"))["pinned-broken"]
+
+
+def test_no_hal0_installed_keeps_every_slot_without_a_loud_problem(tmp_path: Path) -> None:
+    write_slots(tmp_path / "slots")
+    report = plan(Hal0Tree(tmp_path), tmp_path / "slots")
+    assert ALL_KEEP == actions(report)
+    assert "no-hal0" == report["hal0"]["rule"]["value"]
+    assert {"no-hal0-installed-nothing-moved"} == {r["reason"] for r in report["slots"]}
+
+
+def test_what_if_judging_names_a_release_and_its_manifest(tmp_path: Path) -> None:
+    """`plan --assume-hal0 1.7.0 --manifest FILE` on a host with no hal0: judged by 1.7.0's
+    rules and that manifest's pins; an unknown release is a usage error."""
+    import json
+
+    write_slots(tmp_path / "slots")
+    pinned = tmp_path / "manifest.json"
+    pinned.write_text(json.dumps(manifest(gated=True)))
+    tree = Hal0Tree(tmp_path)
+    report = plan_json(
+        tree, tmp_path / "slots", "--assume-hal0", "1.7.0", "--manifest", str(pinned)
+    )
+    assert PINS_GATED == actions(report)
+    assert ("pins", "1.7.0") == (report["hal0"]["rule"]["value"], report["hal0"]["release"])
+    report = plan_json(tree, tmp_path / "slots", "--assume-hal0", "1.3.0")
+    assert "not-placeable" == report["hal0"]["rule"]["value"]  # no 1.0-1.3 code to read
+
+
+@pytest.mark.parametrize(
+    ("era", "expected"), [("0826", KEEP), ("pins-ungated", RELABEL)], ids=["1.3.0", "1.7.0"]
+)
+def test_a_legacy_backend_slot_is_a_candidate_only_from_1_4(
+    tmp_path: Path, era: str, expected: str
+) -> None:
+    """1.0-1.3's relabel reads `device` alone: a `backend = "vulkan"` slot is left as it is;
+    1.4+'s conversion turns the backend into a device before its relabel."""
+    tree = Hal0Tree(tmp_path).install(era) if era in ERAS else install_era(Hal0Tree(tmp_path), era)
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    (slots / "old.toml").write_text(
+        'name = "old"\ntype = "llm"\nbackend = "vulkan"\nimage_pin = "example.org/llama:vk"\n'
+    )
+    assert {"old": expected} == actions(plan(tree, slots))
+    if era == "pins-ungated":  # the runner-system marker leaves the profile-centric conversion
+        tree.restore_marker.parent.mkdir(parents=True)
+        tree.restore_marker.write_text("version=1.7.0\n")
+        assert {"old": RELABEL} == actions(plan(tree, slots))

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import hal0
+from hal0_reconciler.host.hal0 import reader as hal0
 from hal0_reconciler.model import Hal0Rule
-from hal0_reconciler.slots import image
-from helpers.hal0_tree import C0822, C0824, C0826, ERAS, STRIX, Hal0Tree
+from helpers.hal0_tree import C0822, C0826, ERAS, STRIX, Hal0Tree
 
 CPU_DIGEST = "sha256:" + "cd" * 32
 
@@ -37,14 +36,14 @@ def test_every_era_is_read_from_its_own_files(tmp_path: Path, era: str) -> None:
     assert str(tree.schema) + " (VULKAN_CAPABLE_IMAGE_REFS)" == f.sources["capable"]
 
 
-def test_a_missing_hal0_gives_the_newest_known_values_and_says_so(tmp_path: Path) -> None:
-    """No venv, no release: the newest known values, with a problem naming each source."""
+def test_a_missing_hal0_is_nothing_to_judge_against_said_once_not_loud(tmp_path: Path) -> None:
+    """No venv, no release: nothing to judge against (every slot kept), said, not degraded."""
     read = hal0.read_facts(load(Hal0Tree(tmp_path)))
-    assert image.NEWEST_KNOWN.capable == read.facts.capable
-    assert image.NEWEST_KNOWN.default_image == read.facts.default_image
-    assert {"VERSION", "schema.py"} == {p.source for p in read.problems}
-    assert not any(p.not_understood for p in read.problems)
-    assert "newest known" in read.facts.sources["capable"]
+    assert Hal0Rule.NO_HAL0 == read.facts.rule
+    assert frozenset() == read.facts.capable
+    (problem,) = read.problems
+    assert "no hal0 installed" in problem.why
+    assert not problem.not_understood
 
 
 def test_a_schema_shape_not_understood_is_loud_and_specific(tmp_path: Path) -> None:
@@ -61,10 +60,9 @@ def test_a_schema_shape_not_understood_is_loud_and_specific(tmp_path: Path) -> N
     assert (True, True) == (problem.not_understood, era.not_understood)
     assert "VULKAN_CAPABLE_IMAGE_REFS" in problem.why
     assert "call `_load_refs(" in problem.why
-    assert Hal0Rule.NOT_UNDERSTOOD == read.facts.rule
+    assert Hal0Rule.NOT_PLACEABLE == read.facts.rule
     assert "every slot is kept" in era.why
-    assert frozenset() == read.facts.capable  # never the newest set spliced in
-    assert C0824 == read.facts.default_image  # the rest of the file still counts
+    assert frozenset() == read.facts.capable  # never another release's set spliced in
 
 
 def test_settings_override_each_set_outright(tmp_path: Path) -> None:
@@ -188,8 +186,8 @@ def test_anything_a_source_raises_falls_back_with_a_problem(
 
     monkeypatch.setattr(hal0, "read_facts", explode)
     read = hal0.Hal0Reader(load(tree)).read()
-    assert Hal0Rule.NOT_UNDERSTOOD == read.facts.rule
-    assert image.NEWEST_KNOWN.capable == read.facts.capable
+    assert Hal0Rule.NOT_PLACEABLE == read.facts.rule
+    assert frozenset() == read.facts.capable
     (problem,) = read.problems
     assert "nested too deeply" in problem.why
 
@@ -224,42 +222,81 @@ def test_hostile_sizes_are_refused_with_a_reason(
     assert why in problem.why
 
 
-def test_the_rule_and_the_runner_table_are_described_with_evidence(tmp_path: Path) -> None:
-    """`plan --json` and `probe` show the era on two axes, each with what decided it."""
+def test_the_rule_and_the_release_are_described_with_evidence(tmp_path: Path) -> None:
+    """`plan --json` and `probe` show the release and its era, with what decided it."""
     tree = Hal0Tree(tmp_path).install("0826")
     described = hal0.describe(hal0.read_facts(load(tree)).facts)
     assert {
         "value": "allowlist",
-        "evidence": "schema.py defines VULKAN_CAPABLE_IMAGE_REFS",
+        "evidence": "1.3.0: schema.py defines VULKAN_CAPABLE_IMAGE_REFS",
     } == described["rule"]
-    assert {
-        "value": "literal",
-        "evidence": "RUNNER_IMAGES is a literal dict; vulkanfpx is an alias of rocmfpx",
-    } == described["runners"]
+    assert ("1.3.0", "1.3.0") == (described["release"], described["version"])
+    assert described["summary"].startswith("hal0 1.3.0: schema allowlist, capable: ")
 
 
-def test_an_updater_whose_relabel_never_touches_gpu_vulkan_is_no_retirement(
-    tmp_path: Path,
-) -> None:
-    """Only a relabel that moves gpu-vulkan slots proves the lane retired: a function of that
-    name that does not leaves a pre-rule hal0 pre-rule."""
+def test_an_updater_that_relabels_without_a_capable_set_is_no_release(tmp_path: Path) -> None:
+    """No capable set and no pins: pre-rule only when the updater has no relabel pass; with
+    one, the shape is no published release's (not placeable)."""
     from helpers.hal0_tree import (
         RUNNERS_TEXT,
-        UPDATER_RETIRED_TEXT,
-        UPDATER_UNRELATED_TEXT,
+        UPDATER_RELABEL_TEXT,
         install_texts,
         pre_rule_schema_text,
     )
 
     tree = Hal0Tree(tmp_path)
     for updater, rule in (
-        (UPDATER_UNRELATED_TEXT, "pre-rule"),
-        (UPDATER_RETIRED_TEXT, "lane-retired"),
+        ('"""no relabel here"""\n', "pre-rule"),
+        (UPDATER_RELABEL_TEXT, "not-placeable"),
     ):
         install_texts(
             tree,
             schema=pre_rule_schema_text(),
             runners=RUNNERS_TEXT,
+            version="0.9.8",
             extra={"updater/updater.py": updater},
         )
         assert rule == hal0.read_facts(load(tree)).facts.rule.value
+
+
+def test_a_manifest_changed_after_hal0_api_started_is_judged_by_the_file_and_said(
+    tmp_path: Path,
+) -> None:
+    """1.4+ reads its manifest once per process: a newer file is judged, and the note says
+    that the running hal0-api still uses the one it read (a real `hal0 serve` process)."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers.hal0_tree import manifest
+
+    tree = Hal0Tree(tmp_path).install_pins("1.7.0", manifest(gated=True))
+    fake = tree.venv / "bin/hal0"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(30)\n")
+    fake.chmod(0o755)
+    older = time.time() - 60
+    os.utime(tree.release / "manifest.json", (older, older))
+    serve = subprocess.Popen([str(fake), "serve"])
+    try:
+        time.sleep(0.3)
+        assert [] == [p for p in hal0.read_facts(load(tree)).problems if "hal0-api" in p.why]
+        (tree.release / "manifest.json").write_text(json.dumps(manifest(gated=False)))
+        read = hal0.read_facts(load(tree))
+        (note,) = [p for p in read.problems if "hal0-api" in p.why]
+        assert not note.not_understood
+        assert frozenset() == read.facts.capable  # the file's (ungated) pins
+    finally:
+        serve.kill()
+        serve.wait(timeout=10)
+
+
+def test_an_invalid_hal0_toml_on_1_3_says_hal0s_own_boot_pass_stops_there(tmp_path: Path) -> None:
+    """1.0-1.3: hal0's config migration fails on it before its relabel; the reconciler still
+    judges (decision: a broken settings file must not leave slots stale) and says why."""
+    tree = Hal0Tree(tmp_path).install("0826")
+    tree.config.parent.mkdir(parents=True, exist_ok=True)
+    tree.config.write_text('[slots.default_images]\nnosuch = "x/y:1"\n')
+    (problem,) = [p for p in hal0.read_facts(load(tree)).problems if p.source == "hal0.toml"]
+    assert "own boot pass stops at this file" in problem.why
+    assert not problem.not_understood

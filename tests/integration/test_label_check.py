@@ -6,7 +6,8 @@ from pathlib import Path
 
 from hal0_reconciler.host import label_check, running_lane
 from hal0_reconciler.host.running_lane import Intent, LabelState
-from hal0_reconciler.slots import document, image
+from hal0_reconciler.slots import document
+from helpers import hal0_facts
 
 STALE = "ghcr.io/hal0ai/hal0-combined:0822"  # a stale former default: hal0's retag would move it
 
@@ -22,7 +23,7 @@ def _look(tmp_path: Path, candidate: label_check.Candidate) -> list[label_check.
     return label_check.look(
         [candidate],
         quadlet_dir=tmp_path / "quadlet",
-        facts=image.NEWEST_KNOWN,
+        facts=hal0_facts.ALLOWLIST_13,
         memory=label_check.AppliedMemory(tmp_path / "state" / label_check.MEMORY_FILE),
         intent=Intent(),
         slot_max_bytes=16384,
@@ -34,7 +35,7 @@ def test_a_stale_pin_launches_as_written_not_as_the_retag_would_make_it() -> Non
     image its renderer writes, for both GPU lanes."""
     doc = document.parse_slot(f'name = "agent"\nimage_pin = "{STALE}"\n', stem="agent")
     assert {"gpu-vulkan": STALE, "gpu-rocm": STALE} == label_check.launch_images(
-        doc, image.NEWEST_KNOWN
+        doc, hal0_facts.ALLOWLIST_13
     )
 
 

@@ -13,7 +13,7 @@ from helpers.hosts import NOT_AMD, ROCM_USABLE
 
 
 def _fallbacks(logs) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
-    return [(e["source"], e["log_level"]) for e in logs if e["event"] == "hal0.facts_fallback"]
+    return [(e["source"], e["log_level"]) for e in logs if e["event"] == "hal0.facts_note"]
 
 
 def test_an_unreadable_hal0_install_is_said_once_per_source(
@@ -75,7 +75,7 @@ def test_a_hal0_update_is_said_once(host_dirs: dict[str, Path], make_settings) -
         engine.reconcile(ROCM_USABLE)
     changed = [e for e in logs if e["event"] == "hal0.facts_changed"]
     assert 1 == len(changed), f"hal0.facts_changed logged {len(changed)} times"
-    assert (changed[0]["old_version"], changed[0]["version"]) == ("0.9.9", "1.0.2")
+    assert (changed[0]["old_version"], changed[0]["version"]) == ("1.1.0", "1.3.0")
 
 
 def test_a_bad_name_fixed_then_back_is_said_again(host_dirs: dict[str, Path], make_settings):

@@ -30,8 +30,8 @@ def test_a_missing_hal0_is_read_as_fallbacks_said_once(
     with structlog.testing.capture_logs() as logs:
         view.refresh(quiet=False)
         view.refresh(quiet=False)
-    assert len(view.problems) == _events(logs).count("hal0.facts_fallback")
-    assert {"hal0.facts_fallback"} == set(_events(logs))
+    assert len(view.problems) == _events(logs).count("hal0.facts_note")
+    assert {"hal0.facts_note"} == set(_events(logs))
 
 
 def test_a_change_of_hal0_s_facts_is_said_once_with_old_and_new(

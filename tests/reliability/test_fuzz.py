@@ -20,12 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
 from hal0_reconciler import errors
 from hal0_reconciler.model import Action, Catalog
 from hal0_reconciler.slots import document, edit, image, limits, policy, runtime
+from helpers import hal0_facts
 from helpers.daemon_host import Host, slot_text
 from helpers.hosts import DATA, ROCM_USABLE
 from reliability import support
@@ -124,7 +126,7 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-_NONE_CAPABLE = dataclasses.replace(image.NEWEST_KNOWN, capable=frozenset())
+_NONE_CAPABLE = dataclasses.replace(hal0_facts.ALLOWLIST_13, capable=frozenset())
 """hal0 facts under which no image runs on Vulkan: every gpu-vulkan llama.cpp slot moves."""
 
 
@@ -195,7 +197,7 @@ def _valid_vulkan_llama(data: bytes, catalog: Catalog) -> bool:
         parsed = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError, RecursionError):
         return False
-    fields = parsed["slot"] if isinstance(parsed.get("slot"), dict) else parsed
+    fields = _launched(parsed)
     device = fields.get("device")
     if isinstance(device, str) and device.strip():
         vulkan = device.strip() == "gpu-vulkan"
@@ -214,12 +216,28 @@ _NO_LIMITS = limits.Limits(
 )
 
 
+def _launched(parsed: dict[str, Any]) -> dict[str, Any]:
+    """hal0's launch path: each key from [slot] when it has it, else the top level."""
+    slot = parsed.get("slot")
+    if not isinstance(slot, dict):
+        return parsed
+    return {**{k: v for k, v in parsed.items() if k != "slot"}, **slot}
+
+
 def _exactly_relabelled(old: bytes, new: bytes) -> bool:
-    """The new document is the old one with device = "gpu-rocm" and no legacy backend."""
+    """The new document is the old one with device = "gpu-rocm" and no legacy backend, in the
+    table the launched device comes from (and the top level too when it said the same)."""
     expected = tomllib.loads(old.decode())
-    fields = expected["slot"] if isinstance(expected.get("slot"), dict) else expected
-    fields["device"] = "gpu-rocm"
-    fields.pop("backend", None)
+    slot = expected.get("slot")
+    tables = [expected]
+    if isinstance(slot, dict):
+        holder = "device" if "device" in slot or "device" in expected else "backend"
+        if holder in slot or holder not in expected:
+            same = holder == "device" and expected.get("device") == slot.get("device")
+            tables = [slot, expected] if same else [slot]
+    for fields in tables:
+        fields["device"] = "gpu-rocm"
+        fields.pop("backend", None)
     return tomllib.loads(new.decode()) == expected
 
 

@@ -66,8 +66,8 @@ def test_an_api_env_that_is_a_fifo_is_refused_and_the_verb_still_answers(
     said = result.stdout + result.stderr
     assert "Traceback" not in said
     if verb in ("plan", "probe"):  # they show hal0's facts: the refused source is a problem line
-        line = f"  hal0 fact fallback: environment ({env_file}): cannot be read (a fifo, not a "
-        assert line + "regular file): no HAL0_TOOLBOX_IMAGE_* used" in result.stdout.splitlines()
+        line = f"  hal0: environment ({env_file}): cannot be read (a fifo, not a "
+        assert line + "regular file): no image overrides used" in result.stdout.splitlines()
     assert {"plan": 2, "once": 0, "probe": 0}[verb] == result.returncode, said
     device = 'device = "gpu-rocm"' if verb == "once" else 'device = "gpu-vulkan"'
     assert device in (host_dirs["slots_dir"] / "agent.toml").read_text()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import nspawn, rootfs
-from helpers.hal0_tree import Hal0Tree
+from helpers.hal0_tree import Hal0Tree, manifest
 from helpers.hosts import REPO
 
 NULL_DEVICE = os.makedev(1, 3)  # the kernel's null device: safe to open
@@ -105,9 +105,10 @@ def box(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nspawn.
     )
     container.files = files  # type: ignore[attr-defined]
     container.dev = FakeDev(dev)  # type: ignore[attr-defined]
-    # an installed hal0 of the ade07ba era where the package looks for it (/usr/lib/hal0): its
-    # default image is not Vulkan-capable, so a gpu-vulkan llama.cpp slot is relabelled
-    Hal0Tree(files / "hal0").install("ade07ba")
+    # an installed hal0 1.7.0 (release-shaped, project-written) where the package looks for it
+    # (/usr/lib/hal0), its manifest's standard pin not gated for Vulkan: a gpu-vulkan llama.cpp
+    # slot is relabelled
+    Hal0Tree(files / "hal0").install_pins("1.7.0", manifest(gated=False))
     try:
         container.boot()
         container.run(f"cp -a {FILES}/hal0/usr/lib/hal0 /usr/lib/hal0")

@@ -37,25 +37,23 @@ def test_flat_file_reads_its_top_level_keys() -> None:
     assert {"default": "m"} == doc.data["model"]
 
 
-def test_nested_file_reads_only_the_slot_table() -> None:
-    """When [slot] exists, top-level scalars are drift: only [slot] counts."""
+def test_nested_file_overlays_slot_on_the_top_level_per_key() -> None:
+    """hal0's launch path: [slot].key when present, else the top-level key."""
     doc = document.parse_slot(
-        'device = "gpu-vulkan"\nname = "stale"\ntype = "tts"\n\n'
+        'device = "gpu-vulkan"\nname = "stale"\ntype = "tts"\nimage_pin = "x/y:1"\n\n'
         '[slot]\nname = "chat"\ndevice = "gpu-rocm"\n',
         stem="x",
     )
     assert ("slot",) == doc.table
-    assert "chat" == doc.name
-    assert "gpu-rocm" == doc.device
-    assert "gpu-rocm" == doc.raw_device
-    assert doc.type is None
+    assert ("chat", "gpu-rocm", "gpu-rocm") == (doc.name, doc.device, doc.raw_device)
+    assert ("tts", "x/y:1") == (doc.type, doc.image_pin)  # [slot] lacks them: top-level's
+    assert doc.also is None
 
 
-def test_nested_file_ignores_a_root_device_when_slot_has_none() -> None:
-    """A root `device` in a nested file does not leak into the slot: the default applies."""
+def test_a_root_device_applies_when_slot_has_none_and_is_the_one_written() -> None:
     doc = document.parse_slot('device = "gpu-vulkan"\n[slot]\nname = "a"\n', stem="a")
-    assert ("gpu-rocm", DeviceSource.DEFAULT) == (doc.device, doc.device_source)
-    assert doc.raw_device is None
+    assert ("gpu-vulkan", DeviceSource.DEVICE, ()) == (doc.device, doc.device_source, doc.table)
+    assert doc.vulkan_candidate
 
 
 @pytest.mark.parametrize(

@@ -813,12 +813,8 @@ def test_generated_files_change_only_the_device_line(slot: SlotFile, new: str) -
         assert re.fullmatch(rf'[ \t]*device = "{new}"', new_lines[inserted[0]])
 
     doc = document.parse_slot(result.text, stem="s")
-    assert (new, DeviceSource.DEVICE, None, slot.table) == (
-        doc.device,
-        doc.device_source,
-        doc.backend,
-        doc.table,
-    )
+    assert (new, DeviceSource.DEVICE, slot.table) == (doc.device, doc.device_source, doc.table)
+    assert "backend" not in (result.data or {}).get("slot", result.data or {})
 
     again = edit.set_device(result.text, table=slot.table, new=new)
     assert edit.EditResult(result.text, True, None) == again
@@ -1280,3 +1276,14 @@ def test_the_shortcut_saves_the_scanner_and_is_not_tried_where_it_cannot_verify(
     result = edit.set_device(with_backend, table=(), new="cpu")
     assert ('name = "a"\ndevice = "cpu"\n', True) == (result.text, result.byte_minimal)
     assert ["scan"] == calls
+
+
+def test_both_tables_saying_gpu_vulkan_change_in_one_byte_minimal_write() -> None:
+    """The launcher reads [slot].device, hal0's own pass the top-level one: both change."""
+    text = '# chat\ndevice = "gpu-vulkan"\n\n[slot]\nname = "chat"\ndevice = "gpu-vulkan"\n'
+    doc = document.parse_slot(text, stem="chat")
+    assert (("slot",), ()) == doc.write_tables
+    result = edit.set_device_in(text, tables=doc.write_tables, new="gpu-rocm", parsed=doc.data)
+    assert (True, text.replace("gpu-vulkan", "gpu-rocm")) == (result.byte_minimal, result.text)
+    only_slot = 'device = "cpu"\n[slot]\ndevice = "gpu-vulkan"\n'
+    assert (("slot",),) == document.parse_slot(only_slot, stem="a").write_tables

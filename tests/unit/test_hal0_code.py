@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.host import hal0_code
+from hal0_reconciler.host.hal0 import pysource as hal0_code
 from helpers.hal0_tree import ERAS, RUNNERS_TEXT, schema_text
 
 WANTED = ("DEFAULT_ROCMFPX_IMAGE", "VULKAN_CAPABLE_IMAGE_REFS", "STALE_ROCMFPX_IMAGE_REFS")

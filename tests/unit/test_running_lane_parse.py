@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,3 +47,28 @@ def test_the_container_sections_devices_and_image_are_what_is_reported(
     lines += [f"Image={image}", "[Service]", *(f"AddDevice={d}" for d in decoys), "Image=x/y:z"]
     unit = running_lane.parse_container("\n".join(lines) + "\n")
     assert (image, tuple(p for p, _, _ in devices)) == (unit.image, unit.devices)
+
+
+@pytest.mark.parametrize(
+    ("exec_line", "marker", "lanes"),
+    [
+        ("/app/llama-server --port 8081 --device Vulkan0", True, {"gpu-vulkan"}),
+        ("/app/llama-server --device=ROCm0 -ngl 99", True, {"gpu-rocm"}),
+        ("/app/llama-server --device none", True, {"cpu"}),
+        ("/app/llama-server --device Vulkan0", False, {"gpu-vulkan", "gpu-rocm"}),  # 1.4.0
+        ("/app/llama-server --device 'unclosed", True, {"gpu-vulkan", "gpu-rocm"}),
+        ("/app/llama-server --device CUDA0", True, {"gpu-vulkan", "gpu-rocm"}),
+    ],
+)
+def test_the_device_marker_of_1_5_tells_the_gpu_lanes_apart(
+    exec_line: str, marker: bool, lanes: set[str]
+) -> None:
+    """From hal0 1.5.0 the rendered Exec= carries --device Vulkan0|ROCm0|none: with the
+    marker, that alone is the lane; without (1.4.0), one image for both lanes tells nothing."""
+    text = (
+        "[Container]\nImage=registry.example/runner:1\nAddDevice=/dev/kfd\n"
+        f"AddDevice=/dev/dri/renderD128\nExec={exec_line}\n"
+    )
+    unit = running_lane.parse_container(text)
+    images = {"gpu-vulkan": "registry.example/runner:1", "gpu-rocm": "registry.example/runner:1"}
+    assert lanes == set(running_lane.running_lanes(unit, images, marker=marker).lanes)

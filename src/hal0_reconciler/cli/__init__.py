@@ -71,10 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     current = loaded.settings
     resolved = _log.configure(current.log_format, current.log_level)
+    muted: list[str] = []
     if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
-        _log.mute("hal0.facts_fallback")
+        muted.append("hal0.facts_note")
+    if muted:
+        _log.mute(*muted)
     for line in loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":
@@ -153,8 +156,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                 raise SettingsError(f"--set {item!r}: {part!r} is set as a value already")
             table = inner
         table[parts[-1]] = value
-    for field in (*PATH_FLAGS, "service_user", "log_format", "log_level"):
+    for field in (*PATH_FLAGS, "service_user", "log_format", "log_level", "assume_hal0"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = str(value)
+    if getattr(args, "manifest_file", None) is not None:
+        overrides["manifest_file"] = str(args.manifest_file)
     return overrides

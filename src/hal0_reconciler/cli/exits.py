@@ -9,7 +9,8 @@ EXIT_PENDING = 2
 EXIT_UNJUDGED = 3  # a slot file could not be judged (once, plan): distinct from "pending"
 EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: the settings file is invalid (RestartPreventExitStatus=)
 _CONFIG_EXIT = (EXIT_CONFIG, "the settings file is invalid (the error names the file and the key)")
-JSON_SCHEMA = 2  # of plan/once/probe/status --json; a change that breaks a reader bumps it
+JSON_SCHEMA = 3  # of plan/once/probe/status --json, bumped by a change that breaks a reader
+# (3: hal0 by release: "release" and "summary", era values, no "runners" axis)
 # (2: one name per lane state, the metrics' own: "not-amd" where 1 said null or "unusable")
 
 # Each verb's exit codes, printed at the end of its --help.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from hal0_reconciler import console
 
 if TYPE_CHECKING:  # each verb loads what it runs (see cli.plan)
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import HostFacts
 
 
@@ -21,13 +21,14 @@ def facts_line(facts: HostFacts) -> str:
 
 def hal0_lines(read: hal0.Hal0Read) -> list[str]:
     """hal0's facts for people: every value is hal0's file's, shown inert."""
+    from hal0_reconciler.host.hal0 import reader
+
     f, inert = read.facts, console.inert
-    version = inert(f.version or "version unknown")
-    capable = ", ".join(inert(c) for c in sorted(f.capable)) or "none"
-    lines = [f"hal0: {version}; default image {inert(f.default_image)}; Vulkan-capable: {capable}"]
+    lines = [inert(reader.summary(f))]
+    if f.default_image:
+        lines += [f"  default image: {inert(f.default_image)}"]
     lines += [f"  rule: {f.rule.value} ({inert(f.rule_evidence)})"]
-    lines += [f"  runners: {f.runners_shape.value} ({inert(f.runners_evidence)})"]
-    lines += [f"  hal0 fact fallback: {inert(p.line())}" for p in read.problems]
+    lines += [f"  hal0: {inert(p.line())}" for p in read.problems]
     return lines
 
 
@@ -39,6 +40,6 @@ def host_json(facts: HostFacts) -> dict[str, Any]:
 
 
 def hal0_json(read: hal0.Hal0Read) -> dict[str, Any]:
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
 
     return {**hal0.describe(read.facts), "problems": [p.line() for p in read.problems] or None}

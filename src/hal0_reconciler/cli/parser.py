@@ -219,8 +219,31 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
 _Verb = Callable[[str, str], argparse.ArgumentParser]
 
 
+def _add_what_if(parser: argparse.ArgumentParser) -> None:
+    """What-if judging: a known hal0 release's rules, whatever (if anything) is installed."""
+    from hal0_reconciler.host.hal0 import release
+
+    parser.add_argument(
+        "--assume-hal0",
+        dest="assume_hal0",
+        choices=[r.version for r in release.RELEASES],
+        metavar="RELEASE",
+        help="judge by this hal0 release's rules ("
+        + ", ".join(r.version for r in release.RELEASES)
+        + "), not the installed one's",
+    )
+    parser.add_argument(
+        "--manifest",
+        dest="manifest_file",
+        type=_path_arg,
+        metavar="FILE",
+        help="hal0's manifest.json to judge by (1.4+ need one: its runner pins)",
+    )
+
+
 def _add_once(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     once = verb("once", "one reconcile pass over every slot, then exit")
+    _add_what_if(once)
     once.add_argument(
         "--no-restart",
         action="store_true",
@@ -232,6 +255,7 @@ def _add_once(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> Non
 def _add_plan(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     plan = verb("plan", "dry run: per slot, what would change and why")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_what_if(plan)
     amd = plan.add_mutually_exclusive_group()
     amd.add_argument(
         "--assume-amd",
@@ -257,6 +281,7 @@ def _add_plan(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> Non
 def _add_probe(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:
     probe = verb("probe", "print the host facts and the ROCm-lane verdict for the service user")
     probe.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_what_if(probe)
 
 
 def _add_run(verb: _Verb, _verbs: Any, _common: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from hal0_reconciler.cli import hostview, preflight
 from hal0_reconciler.cli.exits import EXIT_OK, EXIT_PENDING, EXIT_UNJUDGED, JSON_SCHEMA
 
 if TYPE_CHECKING:  # `plan` on an empty folder loads no engine (see plan)
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import HostFacts
     from hal0_reconciler.reconcile import PassReport
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # `plan` on an empty folder loads no engine (see plan)
 def plan(current: settings.Settings, args: argparse.Namespace) -> int:
     """The dry run. With no slot file to judge off an AMD host (where the engine logs nothing),
     hal0's facts are all it shows: the reconcile engine and the outcomes' views stay unloaded."""
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.slots import store
 
     preflight.require_slots_dir(current)

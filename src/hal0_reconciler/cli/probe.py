@@ -9,7 +9,7 @@ from hal0_reconciler.cli import hostview
 from hal0_reconciler.cli.exits import EXIT_ERROR, EXIT_OK, JSON_SCHEMA
 
 if TYPE_CHECKING:
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import HostFacts
 
 
@@ -46,7 +46,7 @@ def _probe_doc(current: settings.Settings, facts: HostFacts, read: hal0.Hal0Read
 
 def probe(current: settings.Settings, *, as_json: bool = False) -> int:
     from hal0_reconciler.host import facts as host_facts
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import LaneState
 
     facts = host_facts.gather(current)

@@ -9,6 +9,7 @@ import os
 from hal0_reconciler import _log
 from hal0_reconciler.daemon import passes, workqueue
 from hal0_reconciler.host import units
+from hal0_reconciler.host.hal0 import budget
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger("hal0_reconciler.daemon")
@@ -58,7 +59,7 @@ class Health:
             problems.append("the work queue is not moving")
         if not self._restarter.is_alive():
             problems.append("the restarter thread died")
-        elif self._restarter.busy_for() > settings.restart_timeout + settings.stuck_after:
+        elif self._restarter.busy_for() > budget.restart_timeout(settings) + settings.stuck_after:
             problems.append("a slot restart is stuck")  # hal0's answer may take restart_timeout
         recent = [t for t in self._observer_deaths if now - t < _DEATH_WINDOW]
         if len(recent) >= _MAX_OBSERVER_DEATHS:

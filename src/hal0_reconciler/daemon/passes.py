@@ -19,7 +19,8 @@ from pathlib import Path
 from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
 from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
 from hal0_reconciler.daemon.progress import Progress, digest
-from hal0_reconciler.host import hal0, units
+from hal0_reconciler.host import units
+from hal0_reconciler.host.hal0 import reader as hal0
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
 

@@ -20,7 +20,7 @@ from hal0_reconciler.daemon import statusjson
 from hal0_reconciler.settings import Settings
 
 FILE_NAME = "status.json"
-SCHEMA = 2  # 2: lane "state" takes the metrics' names (not-amd ...)
+SCHEMA = 3  # 2: lane "state" takes the metrics' names; 3: hal0 by release (release, rule values)
 HEARTBEAT = 30.0  # seconds between two rewrites when nothing happens
 MAX_BYTES = 64 << 20
 """The cap on status.json read back (a slot's entry is ~300 bytes: 200,000 slots fit)."""
@@ -196,6 +196,9 @@ def report(
         lines.append("  host:       not an AMD host (nothing is touched)")
     elif lane:
         lines.append(f"  rocm lane:  {inert(lane.get('state'))} ({inert(lane.get('reason'))})")
+    hal0 = snapshot.get("hal0") or {}
+    if isinstance(hal0, dict) and hal0.get("summary"):
+        lines.append(f"  hal0:       {inert(hal0['summary'])}")
     lines.append(f"  watches:    {inert(snapshot.get('watch_mode', '?'))}")
     lines.extend(_aiter_lines(snapshot.get("aiter") or {}))
     for file_name, slot in sorted((snapshot.get("slots") or {}).items()):

@@ -121,7 +121,9 @@ def look(
             found.append(Looked(c, running_lane.cannot_read(c.label, doc), None))
             continue
         fingerprint = unit.fingerprint()
-        running = running_lane.running_lanes(unit, launch_images(doc, facts))
+        running = running_lane.running_lanes(
+            unit, launch_images(doc, facts), marker=facts.device_marker
+        )
         mine = dataclasses.replace(
             intent,
             ours=memory.ours(c.token, c.label),

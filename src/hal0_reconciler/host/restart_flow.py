@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from hal0_reconciler import _log, errors
 from hal0_reconciler.host import hal0_api, proc, restart_rules, restart_state
+from hal0_reconciler.host.hal0 import budget
 from hal0_reconciler.host.restart_rules import Load, Outcome
 from hal0_reconciler.settings import RestartFallback, Settings
 
@@ -281,7 +282,7 @@ class RestartFlow:
             try:
                 answer = client.post(
                     f"/api/slots/{_quoted(request.name)}/restart",
-                    timeout=self.settings.restart_timeout,
+                    timeout=budget.restart_timeout(self.settings),
                     request_id=request_id,
                 )
             finally:

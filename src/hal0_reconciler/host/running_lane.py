@@ -10,6 +10,10 @@ from the image: the lane whose launch image (as the installed hal0 resolves it) 
 ``Image=``. When both GPU lanes launch the same image (a pin, a ``binary``, one runner for both)
 or neither matches, which GPU lane runs cannot be told.
 
+From hal0 1.5.0 the llama.cpp argv in the unit's ``Exec=`` line carries ``--device Vulkan0``,
+``--device ROCm0`` or ``--device none`` (hal0's ``_LANE_DEVICE``): on such a release that marker
+alone tells the lanes apart, whatever the images.
+
 Whose change is applied (the restart goes through the idle-then-restart path): a label this
 daemon wrote, and hal0's own relabel pass (running ``gpu-vulkan``, labelled ``gpu-rocm`` or
 ``cpu`` now). Any other change is reported "label not applied" unless ``apply_others_labels``.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,6 +35,7 @@ LANES = frozenset({CPU, GPU_VULKAN, GPU_ROCM})
 GPU_LANES = (GPU_VULKAN, GPU_ROCM)
 HAL0_RELABEL_TARGETS = frozenset({GPU_ROCM, CPU})  # what hal0's relabel writes over gpu-vulkan
 _GPU_NODES = ("/dev/kfd", "/dev/dri")
+DEVICE_MARKERS = {"Vulkan0": GPU_VULKAN, "ROCm0": GPU_ROCM, "none": CPU}  # 1.5+'s --device
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class RenderedUnit:
 
     image: str | None  # the ``Image=`` value (None: no such line)
     devices: tuple[str, ...]  # the host paths of the ``AddDevice=`` lines, in order
+    device_flag: str | None = None  # the last ``--device`` value of ``Exec=`` (1.5+)
 
     @property
     def gpu(self) -> bool:
@@ -46,7 +53,8 @@ class RenderedUnit:
 
     def fingerprint(self) -> str:
         """Short digest of the image and devices: a change of either is a new rendering."""
-        text = "\n".join([self.image or "", *self.devices])
+        flag = [self.device_flag] if self.device_flag is not None else []
+        text = "\n".join([self.image or "", *self.devices, *flag])
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -59,6 +67,7 @@ def parse_container(text: str) -> RenderedUnit:
     section = ""
     image: str | None = None
     devices: list[str] = []
+    flag: str | None = None
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line[0] in "#;":
@@ -76,7 +85,24 @@ def parse_container(text: str) -> RenderedUnit:
             host = value.removeprefix("-").split(":", 1)[0]
             if host:
                 devices.append(host)
-    return RenderedUnit(image, tuple(devices))
+        elif key == "Exec":
+            flag = _device_flag(value)
+    return RenderedUnit(image, tuple(devices), flag)
+
+
+def _device_flag(argv: str) -> str | None:
+    """The value of the last ``--device`` (or ``--device=``) of an ``Exec=`` argv."""
+    try:
+        words = shlex.split(argv)
+    except ValueError:
+        return None
+    found: str | None = None
+    for i, word in enumerate(words):
+        if word == "--device" and i + 1 < len(words):
+            found = words[i + 1]
+        elif word.startswith("--device="):
+            found = word.partition("=")[2]
+    return found
 
 
 @dataclass(frozen=True)
@@ -92,9 +118,15 @@ class Running:
         return "a GPU lane (which one cannot be told)" if self.lanes else "cannot tell"
 
 
-def running_lanes(unit: RenderedUnit, launch_images: Mapping[str, str | None]) -> Running:
-    """The lane(s) ``unit`` may run: no GPU node -> cpu; GPU nodes -> the GPU lane(s) whose
-    launch image (``launch_images[lane]``, as hal0 resolves it now) equals ``Image=``."""
+def running_lanes(
+    unit: RenderedUnit, launch_images: Mapping[str, str | None], *, marker: bool = False
+) -> Running:
+    """The lane(s) ``unit`` may run: with ``marker`` (hal0 1.5+) its ``--device`` value;
+    else no GPU node -> cpu; GPU nodes -> the GPU lane(s) whose launch image
+    (``launch_images[lane]``, as hal0 resolves it now) equals ``Image=``."""
+    lane = DEVICE_MARKERS.get(unit.device_flag or "") if marker else None
+    if lane is not None:
+        return Running(frozenset({lane}), f"--device {unit.device_flag} in the rendered Exec=")
     if not unit.gpu:
         return Running(frozenset({CPU}), "no GPU device in the rendered unit")
     matching = frozenset(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hal0_reconciler._log import get_logger
-from hal0_reconciler.host import hal0
+from hal0_reconciler.host.hal0 import reader as hal0
 
 if TYPE_CHECKING:
     from hal0_reconciler.model import Hal0Facts
@@ -35,15 +35,19 @@ class Hal0View:
         self.facts, self.problems = new, read.problems
         if quiet:
             return new
-        if old is not None and (old.default_image, old.capable, old.rule) != (
+        if old is not None and (old.default_image, old.capable, old.rule, old.release) != (
             new.default_image,
             new.capable,
             new.rule,
+            new.release,
         ):
             _log.info(
                 "hal0.facts_changed",
+                summary=hal0.summary(new),
                 version=new.version,
                 old_version=old.version,
+                release=new.release,
+                old_release=old.release,
                 rule=new.rule.value,
                 old_rule=old.rule.value,
                 rule_evidence=new.rule_evidence,
@@ -58,7 +62,7 @@ class Hal0View:
             if problem in fresh:
                 level = _log.error if problem.not_understood else _log.warning
                 level(
-                    "hal0.facts_fallback",
+                    "hal0.facts_note",
                     source=problem.source,
                     path=problem.path,
                     reason=problem.why,

@@ -37,13 +37,16 @@ class Judge:
 
     def decide(self, doc: document.SlotDoc, *, demoted: bool) -> Verdict:
         """The policy's verdict on this slot (``demoted``: it is on ``cpu`` by our doing)."""
+        legacy = policy.backend_counts(self.hal0)
+        candidate = policy.is_candidate(doc, legacy_backend=legacy)
         return policy.decide(
             doc,
             runtime=runtime.runtime_of(doc, self.catalog),
-            image=image.effective_image(doc, self.hal0) if doc.vulkan_candidate else None,
+            image=image.effective_image(doc, self.hal0) if candidate else None,
             facts=self.facts,
             demoted_by_us=demoted,
-            rule=self.hal0.rule,
+            hold=policy.hold_of(self.hal0),
+            legacy_backend=legacy,
         )
 
     def held_back(self, doc: document.SlotDoc, verdict: Verdict) -> str | None:

@@ -51,8 +51,8 @@ def _dry_write(
     from hal0_reconciler.slots import edit  # noqa: PLC0415 - the editor loads for a relabel
 
     try:
-        result = edit.set_device(
-            slot_file.data.decode("utf-8"), table=doc.table, new=new, parsed=doc.data
+        result = edit.set_device_in(
+            slot_file.data.decode("utf-8"), tables=doc.write_tables, new=new, parsed=doc.data
         )
     except Exception as exc:  # refused, or anything the editor raised: as the write would
         return OutcomeStatus.WRITE_FAILED, errors.describe(exc)
@@ -101,7 +101,9 @@ class Looker:
 
             try:  # the edit of these bytes, made before the lock is held (reused if unchanged)
                 text = slot_file.data.decode("utf-8")
-                made = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+                made = edit.set_device_in(
+                    text, tables=doc.write_tables, new=verdict.new, parsed=doc.data
+                )
             except Exception:  # made again under the lock, which reports it
                 made = None
         return Write(key, path, doc, verdict, slot_file, made)

@@ -24,7 +24,7 @@ from hal0_reconciler.state import DemotionLedger
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
 
-    from hal0_reconciler.host import hal0
+    from hal0_reconciler.host.hal0 import reader as hal0
     from hal0_reconciler.model import Hal0Facts, HostFacts, SlotKey
     from hal0_reconciler.settings import Settings
 

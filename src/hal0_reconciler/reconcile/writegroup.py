@@ -161,7 +161,9 @@ class GroupWriter:
             same = w.read is not None and w.read.data == slot_file.data
             if made is None or not same or w.verdict.new != verdict.new:
                 text = slot_file.data.decode("utf-8")
-                made = edit.set_device(text, table=doc.table, new=verdict.new, parsed=doc.data)
+                made = edit.set_device_in(
+                    text, tables=doc.write_tables, new=verdict.new, parsed=doc.data
+                )
             data = made.text.encode("utf-8")
             pending = store.begin_replace(w.path, data, like=slot_file.stat)
         except Exception as exc:  # refused, failed, or anything the editor raised

@@ -1,4 +1,10 @@
-"""TOML text -> SlotDoc: the authoritative table, device/backend normalisation.  [pure]"""
+"""TOML text -> SlotDoc: each key as hal0 launches it, device/backend normalisation.  [pure]
+
+hal0's launch path (``_load_slot_config``, every release) keeps every top-level key and then
+overlays the ``[slot]`` table: a key's effective value is ``[slot].key`` when present, else the
+top-level ``key``. A relabel edits the table the effective ``device`` came from, and the
+top-level ``device`` too when it says the same (hal0's own relabel pass checks that one first).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ class SlotDoc:
     """One parsed slot file, as hal0 reads it."""
 
     data: Mapping[str, Any]  # the whole parsed document
-    table: tuple[str, ...]  # () for a flat file, ("slot",) when a [slot] table exists
+    table: tuple[str, ...]  # the table the effective device comes from: () root, ("slot",)
     name: str  # `name`, else the file stem
     id: str | None
     type: str | None
@@ -30,6 +36,12 @@ class SlotDoc:
     image_pin: str | None  # `image_pin` as written (None when absent or not a string)
     binary: str | None  # the runner key, as written
     server_env: Mapping[str, str] = field(default_factory=dict)  # [server].env
+    also: tuple[str, ...] | None = None  # a second table whose `device` says the same
+
+    @property
+    def write_tables(self) -> tuple[tuple[str, ...], ...]:
+        """The tables a relabel writes `device` into (one write)."""
+        return (self.table,) if self.also is None else (self.table, self.also)
 
     @property
     def token(self) -> str:
@@ -81,9 +93,9 @@ _BACKEND_TO_DEVICE: Mapping[str, str] = {
 def parse_slot(text: str, *, stem: str, limits: limits_.Limits = limits_.DEFAULT) -> SlotDoc:
     """Parse a slot file's text. Raises SlotParseError with the parser's message.
 
-    The authoritative table is `[slot]` when the document has a `slot` table, else the root;
-    top-level scalars of a nested file are ignored, as hal0 ignores them. A value of the wrong
-    type where a string is expected counts as absent, except `device`, which must be a string.
+    Each key is `[slot].key` when the document has a `slot` table holding it, else the
+    top-level key (hal0's launch path). A value of the wrong type where a string is expected
+    counts as absent, except the effective `device`, which must be a string.
     Text over one of ``limits`` raises OverLimit (a SlotParseError) and is not parsed.
     """
     limits_.check_text(text, limits)
@@ -113,13 +125,16 @@ def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
     """The slot document of an already parsed (and limit-checked) slot file. Raises
     SlotParseError when ``device`` is not a string."""
     slot = data.get("slot")
-    table: tuple[str, ...]
+    table: tuple[str, ...] = ()
+    also: tuple[str, ...] | None = None
+    fields: Mapping[str, Any] = data
     if isinstance(slot, dict):
-        fields: Mapping[str, Any] = slot
-        table = ("slot",)
-    else:
-        fields = data
-        table = ()
+        fields = {**{k: v for k, v in data.items() if k != "slot"}, **slot}
+        holder = "device" if "device" in slot or "device" in data else "backend"
+        if holder in slot or holder not in data:
+            table = ("slot",)
+            if holder == "device" and data.get("device") == slot.get("device"):
+                also = ()  # both tables say it: the launcher reads one, hal0's pass the other
 
     raw_device = fields.get("device")
     if raw_device is not None and not isinstance(raw_device, str):
@@ -153,6 +168,7 @@ def from_data(data: dict[str, Any], *, stem: str) -> SlotDoc:
         image_pin=image_pin,
         binary=binary,
         server_env=_server_env(data),
+        also=also,
     )
 
 

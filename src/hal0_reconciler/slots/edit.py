@@ -92,6 +92,32 @@ def set_device(
     return EditResult(_dump(expected, note), byte_minimal=False, note=note, data=expected)
 
 
+def set_device_in(
+    text: str,
+    *,
+    tables: tuple[tuple[str, ...], ...],
+    new: str,
+    parsed: Mapping[str, Any] | None = None,
+) -> EditResult:
+    """:func:`set_device` in each of ``tables`` (in order), as one result: byte-minimal only
+    when every step is."""
+    result: EditResult | None = None
+    for table in tables:
+        step = set_device(
+            text if result is None else result.text,
+            table=table,
+            new=new,
+            parsed=parsed if result is None else result.data,
+        )
+        if result is not None and not (result.byte_minimal and step.byte_minimal):
+            note = result.note or step.note
+            step = EditResult(step.text, byte_minimal=False, note=note, data=step.data)
+        result = step
+    if result is None:
+        raise errors.EditRefused("no table to write the device into")
+    return result
+
+
 def _load(text: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)

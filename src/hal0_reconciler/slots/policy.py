@@ -7,9 +7,10 @@ as it is, whatever the lane says. Nothing is ever relabelled back to ``gpu-vulka
 are left alone, except that a slot the reconciler itself demoted to ``cpu`` goes to ``gpu-rocm``
 once the lane is usable again.
 
-The installed hal0's era decides which rule applies (``rule``): under the allowlist the image
-decides as above; a hal0 that retired the lane gives no capable image (every candidate moves);
-a hal0 from before the rule, or one whose era could not be placed, has every slot kept.
+The installed hal0 release decides which rule applies (``hold``, :func:`hold_of`): under the
+allowlist (1.0-1.3) and the manifest pins (1.4+) the image decides as above; a hal0 from before
+the rule, a hal0 of no known release's shape, no hal0 at all, and a 1.4+ hal0 whose manifest
+gives no valid pins have every slot kept.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from hal0_reconciler.model import (
     Action,
     Device,
+    Hal0Facts,
     Hal0Rule,
     HostFacts,
     ImageResolution,
@@ -35,7 +37,8 @@ def decide(
     image: ImageResolution | None,
     facts: HostFacts,
     demoted_by_us: bool = False,
-    rule: Hal0Rule = Hal0Rule.ALLOWLIST,
+    hold: Reason | None = None,
+    legacy_backend: bool = True,
 ) -> Verdict:
     """Keep or relabel one slot, with the reason. ``image`` is the candidate's effective image
     (None, or unresolved, counts as not capable: fail closed)."""
@@ -53,12 +56,12 @@ def decide(
         return Verdict(Action.SKIP, Reason.RUNTIME_UNRESOLVED, runtime, old)
     if runtime is not Runtime.LLAMA_SERVER:
         return keep(Reason.NOT_LLAMA_CPP)
-    held = _NOTHING_MOVES.get(rule)
-    if held is not None:  # hal0 runs gpu-vulkan as its normal lane, or its era is not placed
-        return keep(held if slot.vulkan_candidate else Reason.NOT_VULKAN, image)
+    candidate = is_candidate(slot, legacy_backend=legacy_backend)
+    if hold is not None:  # hal0 runs gpu-vulkan as normal, or nothing to judge against
+        return keep(hold if candidate else Reason.NOT_VULKAN, image)
     if slot.raw_device == Device.CPU and demoted_by_us and facts.lane is LaneState.USABLE:
         return relabel(Device.GPU_ROCM, Reason.RESTORE_OWN_DEMOTION)
-    if not slot.vulkan_candidate:
+    if not candidate:
         return keep(Reason.NOT_VULKAN)
     if image is not None and image.capable:
         return keep(Reason.VULKAN_CAPABLE_IMAGE, image)
@@ -71,7 +74,31 @@ def decide(
     return relabel(Device.CPU, Reason.NOT_CAPABLE_ROCM_UNUSABLE, image)
 
 
+def is_candidate(slot: SlotDoc, *, legacy_backend: bool) -> bool:
+    """A Vulkan-lane candidate; a slot labelled only by a legacy ``backend = "vulkan"`` only
+    when ``legacy_backend`` (1.4+: hal0's conversion turns it into ``device`` before its relabel;
+    1.0-1.3's relabel reads ``device`` alone)."""
+    if not slot.vulkan_candidate:
+        return False
+    return legacy_backend or bool(slot.raw_device)
+
+
+def backend_counts(facts: Hal0Facts) -> bool:
+    """Whether a legacy ``backend`` labels a candidate under this hal0: 1.4+ (its
+    profile-centric conversion sets ``device`` from it before the relabel; the runner-system
+    restore marker does not stand that conversion down)."""
+    return facts.rule is not Hal0Rule.ALLOWLIST
+
+
+def hold_of(facts: Hal0Facts) -> Reason | None:
+    """Why the installed hal0 has every slot kept (None: its rule judges each image)."""
+    if facts.rule is Hal0Rule.PINS:
+        return Reason.MANIFEST_UNUSABLE if facts.pins_problem is not None else None
+    return _NOTHING_MOVES.get(facts.rule)
+
+
 _NOTHING_MOVES = {
     Hal0Rule.PRE_RULE: Reason.PRE_RULE,
-    Hal0Rule.NOT_UNDERSTOOD: Reason.HAL0_NOT_UNDERSTOOD,
+    Hal0Rule.NOT_PLACEABLE: Reason.HAL0_NOT_PLACEABLE,
+    Hal0Rule.NO_HAL0: Reason.NO_HAL0,
 }

@@ -10,9 +10,8 @@ the module is parsed with :mod:`ast` and only these shapes are understood, at mo
 - the runner table: ``RUNNER_IMAGES = {"key": Runner("key", <image>, ..., <manifest_key>)}``
   (image second, manifest key seventh, or as keywords), and ``RUNNER_ALIASES = {"a": "b"}``.
 
-A catalog-built table (``RUNNER_IMAGES = _build_runners_from_catalog()``) is read from its
-``_SUPPLEMENTS`` dict (the images and manifest keys the catalog does not carry); the catalog
-itself is data (:mod:`hal0_reconciler.host.hal0_eras`).
+- 1.4+'s runner table: the keys of ``RUNNER_IMAGES`` and each ``Runner``'s
+  ``supported_backends`` (a keyword, or the sixth argument), a tuple or list of literals.
 
 Anything else in a value that is asked for raises :class:`Hal0CodeError` naming the line and
 what was found: never a guess. A text with more structure than hal0's real modules have (more
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 
 _RUNNER_IMAGE_ARG = 1  # Runner(key, image, family, supports, device_class, backend, manifest_key)
 _RUNNER_MANIFEST_ARG = 6
-CATALOG_BUILDER = "_build_runners_from_catalog"
+_RUNNER_BACKENDS_ARG = 5  # 1.4+: Runner(key, family, supports, device_class, backend, supported)
 MAX_STRUCTURE = 100_000  # hal0's largest module (updater.py, ~200 KB) has ~22k
 _STRUCTURE = "\n;,()[]{}=+-*/%|&^<>.:@~"
 
@@ -121,65 +120,46 @@ def runners(text: str, *, imported: Mapping[str, str]) -> Runners:
     return Runners(images, manifest_keys, aliases, tuple(problems))
 
 
-@dataclass(frozen=True)
-class CatalogSupplement:
-    """What ``_build_runners_from_catalog``'s ``_SUPPLEMENTS`` sets for one runner."""
-
-    image: str | None  # ``image_override``: None when the catalog's package gives the image
-    manifest_key: str | None
-
-
-def runner_table_shape(text: str) -> str:
-    """``"catalog"`` when RUNNER_IMAGES is built by the catalog call, ``"literal"`` for a dict
-    (anything else raises, naming what was found)."""
+def runner_backends(text: str) -> dict[str, tuple[str, ...]]:
+    """1.4+'s ``RUNNER_IMAGES``: each runner key and its ``supported_backends``."""
+    table: ast.expr | None = None
     for node in _parse(text).body:
         target, value = _assignment(node)
-        if target != "RUNNER_IMAGES" or value is None:
-            continue
-        if isinstance(value, ast.Dict):
-            return "literal"
-        if (
-            isinstance(value, ast.Call)
-            and isinstance(value.func, ast.Name)
-            and value.func.id == CATALOG_BUILDER
-            and not value.args
-            and not value.keywords
-        ):
-            return "catalog"
-        raise Hal0CodeError(f"line {value.lineno}: RUNNER_IMAGES is {_shape(value)}")
-    raise Hal0CodeError("RUNNER_IMAGES is not defined")
-
-
-def catalog_supplements(text: str, *, imported: Mapping[str, str]) -> dict[str, CatalogSupplement]:
-    """The ``_SUPPLEMENTS`` dict inside ``_build_runners_from_catalog`` (image and manifest
-    key per runner id); raises when it is missing or not a dict of dicts of known values."""
-    values, _ = module_values(text, imported=imported)
-    builder = _function(_parse(text), CATALOG_BUILDER)
-    if builder is None:
-        raise Hal0CodeError(f"{CATALOG_BUILDER} is not defined")
-    table: ast.expr | None = None
-    for node in ast.walk(builder):
-        if isinstance(node, ast.Assign | ast.AnnAssign):
-            target, value = _assignment(node)
-            if target == "_SUPPLEMENTS":
-                table = value
+        if target == "RUNNER_IMAGES":
+            table = value
+    if table is None:
+        raise Hal0CodeError("RUNNER_IMAGES is not defined")
     if not isinstance(table, ast.Dict):
-        found = _shape(table) if table is not None else "not defined"
-        raise Hal0CodeError(f"{CATALOG_BUILDER}: _SUPPLEMENTS is {found}, not a dict")
-    out: dict[str, CatalogSupplement] = {}
+        raise Hal0CodeError(f"line {table.lineno}: RUNNER_IMAGES is {_shape(table)}, not a dict")
+    out: dict[str, tuple[str, ...]] = {}
     for key_node, entry in zip(table.keys, table.values, strict=True):
-        key = _string(key_node, values) if key_node is not None else None
-        if key is None or not isinstance(entry, ast.Dict):
-            raise Hal0CodeError(f"line {entry.lineno}: _SUPPLEMENTS holds {_shape(entry)}")
-        fields = {
-            k.value: v
-            for k, v in zip(entry.keys, entry.values, strict=True)
-            if isinstance(k, ast.Constant) and isinstance(k.value, str)
-        }
-        image = _optional_string(fields.get("image_override"), values, f"_SUPPLEMENTS[{key!r}]")
-        manifest = _optional_string(fields.get("manifest_key"), values, f"_SUPPLEMENTS[{key!r}]")
-        out[key] = CatalogSupplement(image, manifest)
+        key = _string(key_node, {}) if key_node is not None else None
+        if key is None:
+            raise Hal0CodeError(
+                f"line {entry.lineno}: RUNNER_IMAGES has a key that is not a string"
+            )
+        out[key] = _backends(key, entry)
     return out
+
+
+def _backends(key: str, entry: ast.expr) -> tuple[str, ...]:
+    where = f"line {entry.lineno}: RUNNER_IMAGES[{key!r}]"
+    if not (isinstance(entry, ast.Call) and isinstance(entry.func, ast.Name)):
+        raise Hal0CodeError(f"{where} is {_shape(entry)}, not Runner(...)")
+    keywords = {kw.arg: kw.value for kw in entry.keywords if kw.arg is not None}
+    node = keywords.get("supported_backends")
+    if node is None and len(entry.args) > _RUNNER_BACKENDS_ARG:
+        node = entry.args[_RUNNER_BACKENDS_ARG]
+    if node is None:
+        return ()  # the dataclass default: backend-agnostic
+    if not isinstance(node, ast.Tuple | ast.List):
+        raise Hal0CodeError(f"{where}: supported_backends is {_shape(node)}")
+    found: list[str] = []
+    for element in node.elts:
+        if not (isinstance(element, ast.Constant) and isinstance(element.value, str)):
+            raise Hal0CodeError(f"{where}: supported_backends holds {_shape(element)}")
+        found.append(element.value)
+    return tuple(found)
 
 
 def separate_vulkan_runner(text: str) -> bool:
@@ -245,17 +225,6 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
     return None
-
-
-def _optional_string(
-    node: ast.expr | None, known: Mapping[str, str | frozenset[str]], where: str
-) -> str | None:
-    if node is None or (isinstance(node, ast.Constant) and node.value is None):
-        return None
-    text = _string(node, known)
-    if text is None:
-        raise Hal0CodeError(f"line {node.lineno}: {where} holds {_shape(node)}")
-    return text
 
 
 def _assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
