@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
+from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile, threadname
 from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
 from hal0_reconciler.daemon.progress import Progress, digest
 from hal0_reconciler.host import hal0, units
@@ -75,7 +75,7 @@ class Worker(lifecycle.StartStop):
     ) -> None:
         self._queue = queue
         self._process = process
-        self._thread = threading.Thread(target=self._run, name="hal0-worker", daemon=True)
+        self._thread = threadname.NamedThread(target=self._run, name="hal0-worker", daemon=True)
 
     def _run(self) -> None:
         while True:

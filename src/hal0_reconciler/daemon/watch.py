@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from hal0_reconciler import _log, lifecycle
+from hal0_reconciler import _log, lifecycle, threadname
 from hal0_reconciler.daemon import _watchdog_compat, watchkeys
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 
@@ -200,6 +200,7 @@ class Watcher(lifecycle.StartStop):
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
+        name_watchdog_threads()
 
     def stop(self) -> None:
         self._stopping = True
@@ -344,6 +345,8 @@ class Watcher(lifecycle.StartStop):
                 log.info("daemon.watch_restored", path=str(watch.path))
             watch.failure = None
             added = True
+        if added:
+            name_watchdog_threads()
         return added
 
     def _failed(self, watch: _Watch, exc: OSError) -> None:
@@ -364,6 +367,28 @@ class Watcher(lifecycle.StartStop):
 
 
 _GLOB = frozenset("*?[")
+
+
+def _watchdog_role(thread: threading.Thread) -> str | None:
+    """What a thread of watchdog's does, by its class (None: not watchdog's)."""
+    kind = type(thread)
+    if not kind.__module__.startswith("watchdog."):
+        return None
+    name = kind.__name__
+    if "Observer" in name:
+        return "hal0-observer"  # dispatches events to the handlers (our mapping runs here)
+    if "Emitter" in name:
+        return "hal0-watch"  # one per watched folder: turns inotify events into watchdog's
+    return "hal0-inotify"  # reads the inotify fd, pairs a rename's two halves
+
+
+def name_watchdog_threads() -> None:
+    """Name watchdog's threads (they run none of our code before their first event): one
+    observer, and per watched folder an emitter and its inotify reader."""
+    for thread in threading.enumerate():
+        role = _watchdog_role(thread)
+        if role is not None and not thread.name.startswith("hal0-"):
+            threadname.name_other(thread, role)
 
 
 def nearest_watch(path: Path) -> tuple[Path, str, bool]:

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from hal0_reconciler import _log, errors, lifecycle
+from hal0_reconciler import _log, errors, lifecycle, threadname
 from hal0_reconciler.host import proc
 from hal0_reconciler.host.restart_flow import (
     Later,
@@ -146,7 +146,7 @@ class Restarter(lifecycle.StartStop):
         self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
         self._threads = [
-            threading.Thread(
+            threadname.NamedThread(
                 target=self._run,
                 args=(n,),
                 name="hal0-restarter" if n == 0 else f"hal0-restarter-{n + 1}",
