@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,8 +123,13 @@ class Passes:
         restarter: units.Restarter,
         selfheal_: selfheal.SelfHeal,
         wake: Callable[[], None],
+        give_back: Callable[[Iterable[workqueue.WorkKey]], None] | None = None,
     ) -> None:
+        """``give_back``: where a slot read the instant its writer closed it, and found
+        unreadable, goes to wait a settle window (``WorkQueue.add_doubtful``); None: such a
+        file is reported at once."""
         self.lock = threading.RLock()
+        self._give_back = give_back
         self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
@@ -258,7 +263,14 @@ class Passes:
             paths = [Path(k) for k in batch.slots]
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
-        report = reconciler.reconcile(facts, paths, hands_off=hands_off)
+        doubtful = (
+            frozenset(SlotKey(k) for k in batch.prompt if not isinstance(k, workqueue.Special))
+            if self._give_back is not None and not full
+            else frozenset()
+        )
+        report = reconciler.reconcile(facts, paths, hands_off=hands_off, doubtful=doubtful)
+        if report.held and self._give_back is not None:  # its writer may not be done after all
+            self._give_back([o.key for o in report.held])
         with self.lock:
             demoted = reconciler.own_demotions
             if demoted != self.progress.metrics.demoted_slots:

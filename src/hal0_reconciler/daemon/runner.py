@@ -131,6 +131,7 @@ class Runner:
             restarter=self._restarter,
             selfheal_=self._aiter,
             wake=self._waker.wake,
+            give_back=self._queue.add_doubtful,
         )
         self._watcher: watch.Watcher | None = None
         self._health = health.Health(
@@ -182,6 +183,7 @@ class Runner:
             dri_dir=settings.dri_dir.absolute() if settings.watch_dev else None,
             is_slot_name=store.is_slot_file_name,
             enqueue=self._queue.add_many,
+            enqueue_complete=self._queue.add_complete,
             wake=self._waker.wake,
             aiter_dirs=self._aiter.watch_paths(),
             **extra,

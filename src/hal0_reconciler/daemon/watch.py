@@ -74,20 +74,27 @@ ObserverFactory = Callable[[], ObserverLike]
 
 
 class _Handler(FileSystemEventHandler):
-    """Maps each event to keys with ``mapper`` and enqueues them. Nothing else."""
+    """Maps each event to keys with ``mapper`` and enqueues them (``enqueue_complete``: the
+    keys of an event that says its file is whole). Nothing else."""
 
     def __init__(
         self,
         mapper: Callable[[FileSystemEvent], Iterable[WorkKey]],
         enqueue: Callable[[Iterable[WorkKey]], None],
+        enqueue_complete: Callable[[Iterable[WorkKey]], None] | None = None,
     ) -> None:
         super().__init__()
         self._mapper = mapper
         self._enqueue = enqueue
+        self._enqueue_complete = enqueue_complete
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         keys = list(self._mapper(event))
-        if keys:
+        if not keys:
+            return
+        if self._enqueue_complete is not None and watchkeys.complete(event):
+            self._enqueue_complete(keys)
+        else:
             self._enqueue(keys)
 
 
@@ -144,7 +151,10 @@ class Watcher(lifecycle.StartStop):
         wake: Callable[[], None],
         observer_factory: ObserverFactory = Observer,
         aiter_dirs: Iterable[Path] = (),
+        enqueue_complete: Callable[[Iterable[WorkKey]], None] | None = None,
     ) -> None:
+        """``enqueue_complete``: where the keys of a slot file renamed into place or closed
+        after writing go (judged without a settle window); by default ``enqueue``."""
         self._slots_dir = slots_dir
         self._dev_dir = dev_dir
         self._dri_dir = dri_dir
@@ -156,6 +166,7 @@ class Watcher(lifecycle.StartStop):
             is_slot_name=is_slot_name,
         )
         self._enqueue_raw = enqueue
+        self._enqueue_complete_raw = enqueue_complete
         self._wake = wake
         self._factory = observer_factory
         self._observer: ObserverLike | None = None
@@ -165,7 +176,15 @@ class Watcher(lifecycle.StartStop):
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
             # in it: for the slots folder that says nothing its files' own events do not
-            _Watch(slots_dir, _Handler(self._keys.slot_keys, self._enqueue), ("DirModifiedEvent",)),
+            _Watch(
+                slots_dir,
+                _Handler(
+                    self._keys.slot_keys,
+                    self._enqueue,
+                    self._enqueue_complete if enqueue_complete is not None else None,
+                ),
+                ("DirModifiedEvent",),
+            ),
             _Watch(slots_dir.parent, _Handler(self._keys.slots_parent_keys, self._enqueue)),
         ]
         if dev_dir is not None:
@@ -186,6 +205,11 @@ class Watcher(lifecycle.StartStop):
         self._enqueue_raw(keys)
         if self._keys.folder_changed.is_set() or self._keys.hal0_moved.is_set():
             self._wake()
+
+    def _enqueue_complete(self, keys: Iterable[WorkKey]) -> None:
+        """The keys of a slot file that is whole (a slot event never asks for a repair)."""
+        assert self._enqueue_complete_raw is not None  # noqa: S101 - only handed when given
+        self._enqueue_complete_raw(keys)
 
     def _on_overflow(self) -> None:
         self._overflowed.set()
