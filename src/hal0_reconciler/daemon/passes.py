@@ -278,7 +278,12 @@ class Passes:
             self.progress.metrics.demoted_slots = demoted
         fresh = self._book.absorb(report, facts=facts, full=full, before=before)
         if facts.amd and (full or report.relabeled):  # what runs vs the labels
-            looked = self.labels.check(report.outcomes, reconciler.hal0_facts, full=full)
+            looked = self.labels.check(
+                report.outcomes,
+                reconciler.hal0_facts,
+                full=full,
+                restarts=sum(self._restarter.results.values()),
+            )
             with self.lock:
                 self.progress.revision += int(looked)
         self._note_hal0(reconciler)
