@@ -51,7 +51,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_FRESH_VIEW = health.EXIT_FRESH_VIEW  # EX_TEMPFAIL: restart me (RestartForceExitStatus=75)
 SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
-_LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
+_LOOP_TICK = 5.0  # seconds: health checks while work is in hand; events and signals wake it at once
 
 
 def default_reconciler(
@@ -121,6 +121,7 @@ class Runner:
             windows=_windows(settings),
         )
         self._restarter = units.Restarter(settings)
+        self._restarter.on_change = self._waker.wake  # a restart waited, ended or failed
         self._aiter = selfheal.SelfHeal(settings, factory=aiter_factory, clock=self._clock)
         self._passes = passes.Passes(
             settings,
@@ -282,8 +283,16 @@ class Runner:
         return _Timers(recheck_at, resync_at, aiter_retry_at)
 
     def _sleep(self, beat: _Beat, timers: _Timers, now: float, interval: float | None) -> None:
-        """Until the earliest of the tick, the status heartbeat, the timers and the ping."""
-        deadlines = [now + _LOOP_TICK, self._reporter.next_status]
+        """Until the earliest of the status heartbeat, the timers and the ping, and the tick
+        while work is in hand (a pass running, keys pending: a stuck pass is noticed; restarts
+        pending: their waits are published); idle,
+        nothing else wakes it (events, signals and the worker's batches do, at once)."""
+        deadlines = [self._reporter.next_status]
+        with self._passes.lock:
+            busy = self._passes.progress.busy_since is not None
+        restarting = self._restarter.pending() or self._restarter.busy_for()
+        if busy or self._queue.pending() or restarting:
+            deadlines.append(now + _LOOP_TICK)  # a restart waiting: status says why
         deadlines += [
             d for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at) if d is not None
         ]

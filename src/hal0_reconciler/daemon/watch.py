@@ -88,6 +88,18 @@ class _Handler(FileSystemEventHandler):
         self._enqueue = enqueue
         self._enqueue_complete = enqueue_complete
 
+    on_failure: Callable[[], None] | None = None  # set by the watcher: a handler raised
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        """watchdog's call for each event; an exception here ends its observer thread, so the
+        main loop is told at once (it restarts the observer: no periodic look is needed)."""
+        try:
+            super().dispatch(event)
+        except BaseException:
+            if self.on_failure is not None:
+                self.on_failure()
+            raise
+
     def on_any_event(self, event: FileSystemEvent) -> None:
         keys = list(self._mapper(event))
         if not keys:
@@ -171,6 +183,7 @@ class Watcher(lifecycle.StartStop):
         self._factory = observer_factory
         self._observer: ObserverLike | None = None
         self._overflowed = threading.Event()
+        self._handler_failed = threading.Event()  # a handler raised: its observer is ending
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
@@ -210,6 +223,10 @@ class Watcher(lifecycle.StartStop):
         """The keys of a slot file that is whole (a slot event never asks for a repair)."""
         assert self._enqueue_complete_raw is not None  # noqa: S101 - only handed when given
         self._enqueue_complete_raw(keys)
+
+    def _on_handler_failure(self) -> None:
+        self._handler_failed.set()
+        self._wake()
 
     def _on_overflow(self) -> None:
         self._overflowed.set()
@@ -307,6 +324,9 @@ class Watcher(lifecycle.StartStop):
             self._overflowed.clear()
             triggers.append(Trigger.OVERFLOW)
             log.warning("daemon.events_lost", reason="inotify queue overflowed")
+        if self._handler_failed.is_set() and self._observer is not None:
+            self._handler_failed.clear()
+            self._observer.join(timeout=OBSERVER_STOP_WAIT)  # it is ending: the raise unwinds it
         if self._observer is not None and not self._observer.is_alive() and not self._stopping:
             log.error("daemon.observer_died", action="restarting the observer, full pass")
             triggers.append(Trigger.OBSERVER_DIED)
@@ -354,6 +374,7 @@ class Watcher(lifecycle.StartStop):
                 continue  # absent: its parent's watch (or the next resync) brings it back
             if watch.failure is not None and not retry_failures:
                 continue
+            watch.handler.on_failure = self._on_handler_failure
             try:
                 watch.handle = observer.schedule(
                     watch.handler,

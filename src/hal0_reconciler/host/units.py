@@ -19,7 +19,7 @@ import heapq
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from hal0_reconciler import _log, errors, lifecycle, threadname
 from hal0_reconciler.host import proc
@@ -145,6 +145,7 @@ class Restarter(lifecycle.StartStop):
         self.results: Counter[RestartResult] = Counter()
         self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
+        self.on_change: Callable[[], None] | None = None  # told at each bump (the main loop)
         self._threads = [
             threadname.NamedThread(
                 target=self._run,
@@ -365,6 +366,8 @@ class Restarter(lifecycle.StartStop):
             if shown != self._shown:  # what status shows of the restarts changed
                 self._shown = shown
                 self.revision += 1
+                if self.on_change is not None:
+                    self.on_change()
             if isinstance(result, Later):
                 if request.token not in self._pending:  # a newer request is due sooner
                     self._put(request, time.monotonic() + result.delay)
