@@ -130,6 +130,7 @@ class Passes:
         file is reported at once."""
         self.lock = threading.RLock()
         self._give_back = give_back
+        self.on_busy: Callable[[], None] | None = None  # told as each batch starts
         self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
@@ -182,6 +183,8 @@ class Passes:
             settings = self._settings
             reconciler = self._reconciler
             self.progress.busy_since = self._clock.monotonic()
+        if self.on_busy is not None:
+            self.on_busy()
         with self.lock:
             revision = self.progress.revision
         restarts = sum(self._restarter.results.values())

@@ -134,6 +134,8 @@ class Runner:
             wake=self._waker.wake,
             give_back=self._queue.add_doubtful,
         )
+        self._passes.on_busy = self._on_busy
+        self._idle_sleep = False  # the main loop sleeps without the tick (nothing in hand)
         self._watcher: watch.Watcher | None = None
         self._health = health.Health(
             settings, passes_=self._passes, queue=self._queue, restarter=self._restarter
@@ -148,6 +150,13 @@ class Runner:
             reloads=self._reloads,
             notifier=self._notifier,
         )
+
+    def _on_busy(self) -> None:
+        """A pass starts (worker thread): a main loop asleep without its tick is woken, to
+        watch the pass with it (a stuck pass is noticed within ``stuck_after``)."""
+        if self._idle_sleep:
+            self._idle_sleep = False
+            self._waker.wake()
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -285,14 +294,17 @@ class Runner:
     def _sleep(self, beat: _Beat, timers: _Timers, now: float, interval: float | None) -> None:
         """Until the earliest of the status heartbeat, the timers and the ping, and the tick
         while work is in hand (a pass running, keys pending: a stuck pass is noticed; restarts
-        pending: their waits are published); idle,
-        nothing else wakes it (events, signals and the worker's batches do, at once)."""
+        pending: their waits are published). Idle, no tick: events that need the main loop,
+        signals, a pass starting or ending and a restart's changed wait wake it at once."""
         deadlines = [self._reporter.next_status]
+        self._idle_sleep = True  # first: a pass starting from here on wakes it
         with self._passes.lock:
             busy = self._passes.progress.busy_since is not None
         restarting = self._restarter.pending() or self._restarter.busy_for()
-        if busy or self._queue.pending() or restarting:
+        in_hand = bool(busy or self._queue.pending() or restarting)
+        if in_hand:
             deadlines.append(now + _LOOP_TICK)  # a restart waiting: status says why
+            self._idle_sleep = False
         deadlines += [
             d for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at) if d is not None
         ]
