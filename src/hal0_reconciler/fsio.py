@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hal0_reconciler import threadname
+
 TEMP_MARKER = ".hal0-reconciler."
 TEMP_SUFFIX = ".tmp"
 
@@ -219,7 +221,7 @@ class _FsyncHelpers:
             for _ in range(helpers):
                 self._jobs.put(job)
             for _ in range(helpers - len(self._threads)):
-                thread = threading.Thread(target=self._serve, name="hal0-fsync", daemon=True)
+                thread = threadname.NamedThread(target=self._serve, name="hal0-fsync", daemon=True)
                 self._threads.add(thread)
                 thread.start()
         job.work()

@@ -1,9 +1,13 @@
 """Every benchmark at one size, ONE table of figures and ratios measured in this run.
 
     python tests/bench/run_all.py [--size 1000] [--repeats 3] [--only relabel,aiter,...]
-                                  [--installed VENV]
+                                  [--installed VENV] [--base 6aef203] [--saves 200]
+                                  [--idle-seconds 60]
 
-Run as root (device nodes, the probe). Each pair (ours, baseline) is measured back to back,
+Run as root (device nodes, the probe). The daemon's figures (``ready``, ``burst``, ``latency``,
+``inplace``, ``idle``) are paired against a recorded baseline commit (``--base``, default
+``6aef203`` = 0.2.0; ``12f8b41`` = 0.1.0; ``none``: ours only), its ``src/`` extracted and
+run by the same interpreter. Each pair (ours, baseline) is measured back to back,
 ``--repeats`` times; the table shows min / median / max of the per-pair ratio (and of our own
 figure). Figures, never assertions: speed targets live here, not in the test suite.
 
@@ -22,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +35,9 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import baselines  # noqa: E402
+import bench_latency  # noqa: E402
 import world as world_mod  # noqa: E402
-
-from helpers.notify_socket import NotifySocket  # noqa: E402
 
 
 @dataclass
@@ -127,28 +131,65 @@ def bench_nochange(w: world_mod.World, size: int, repeats: int) -> list[Row]:
 
 def bench_daemon_pass(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     """The daemon's full pass (``Passes.process`` for the EVERYTHING key: the slots, status
-    bookkeeping) with nothing to do, in-process, host facts given (the probe is a fixed cost
-    apart from the slots), vs the migration's no-change pass (read + parse each file), CPU."""
+    bookkeeping, the label look) with nothing to do, in-process, host facts given (the probe
+    is a fixed cost apart from the slots), vs the migration's no-change pass (read + parse
+    each file), CPU; the baseline's tree the same way, in a child, in the same run."""
     rows = []
     for n in (size, size * 10):
         row = Row(
             f"no-change full pass in the daemon, {n} slots: CPU vs the migration's no-change pass",
-            target="<= 0.1x",
+            target="<= 0.08x",
         )
         row.note = "Passes.process(EVERYTHING), host facts given"
         rows.append(row)
-        w.refill(n, device="gpu-rocm")
-        time.sleep(1.1)  # the files' last change is a second old: their reads are settled
-        worker, batch = _passes(w)
-        worker.process(batch)  # type: ignore[attr-defined]  # the first pass reads and parses every file
-        for _ in range(repeats):
-            c0 = time.process_time()
-            worker.process(batch)
-            row.ours.append(time.process_time() - c0)
-            c0 = time.process_time()
-            _migrate(w.slots)
-            row.base.append(time.process_time() - c0)
+        ours, base = daemon_pass_cpu(w, n, repeats)
+        row.ours, row.base = ours, base
+        if BASE is not None:
+            theirs = _child_daemon_pass(n, repeats)
+            other = Row(
+                f"no-change full pass in the daemon, {n} slots: {BASE.label} vs the migration",
+                ours=theirs[0],
+                base=theirs[1],
+                target="(was 0.11-0.12x)",
+            )
+            rows.append(other)
     return rows
+
+
+def daemon_pass_cpu(w: world_mod.World, n: int, repeats: int) -> tuple[list[float], list[float]]:
+    """(the daemon's no-change full passes, the migration's no-change passes), CPU seconds."""
+    ours: list[float] = []
+    base: list[float] = []
+    w.refill(n, device="gpu-rocm")
+    time.sleep(1.1)  # the files' last change is a second old: their reads are settled
+    worker, batch = _passes(w)
+    worker.process(batch)  # type: ignore[attr-defined]  # the first pass reads and parses every file
+    worker.process(batch)  # type: ignore[attr-defined]  # the second looks at the labels once more
+    for _ in range(repeats):
+        c0 = time.process_time()
+        worker.process(batch)  # type: ignore[attr-defined]
+        ours.append(time.process_time() - c0)
+        c0 = time.process_time()
+        _migrate(w.slots)
+        base.append(time.process_time() - c0)
+    return ours, base
+
+
+def _child_daemon_pass(n: int, repeats: int) -> tuple[list[float], list[float]]:
+    """``daemon_pass_cpu`` of the baseline's tree, in a child whose imports are that tree's."""
+    assert BASE is not None
+    env = {**world_mod.env(), "HAL0_BENCH_SRC": str(BASE.src), "PYTHONPATH": str(BASE.src)}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__)), "--daemon-pass-child", f"{n},{repeats}"],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the baseline's pass failed: {done.stderr.decode()[-2000:]}")
+    figures = json.loads(done.stdout)
+    return figures[0], figures[1]
 
 
 def _migrate(folder: Path) -> None:
@@ -198,28 +239,11 @@ def _cpu(proc: psutil.Process) -> float:
     return total / 1e9
 
 
-@contextlib.contextmanager
-def daemon(w: world_mod.World, **settings: str) -> Iterator[tuple[psutil.Process, NotifySocket]]:
-    sock = NotifySocket()
-    sock.start()
-    env = {**world_mod.env(), "NOTIFY_SOCKET": str(sock.path)}
-    child = subprocess.Popen(
-        w.argv("run", "--log-format", "json", **settings),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        sock.wait_for("READY=1", timeout=300)
-        yield psutil.Process(child.pid), sock
-    finally:
-        child.terminate()
-        try:
-            child.wait(15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        sock.stop()
+def daemon(
+    w: world_mod.World, **settings: str
+) -> contextlib.AbstractContextManager[tuple[psutil.Process, object]]:
+    """This checkout's daemon on the world, until READY=1 (``bench_latency.daemon``)."""
+    return bench_latency.daemon(w, **settings)
 
 
 def hal0_write(path: Path, text: str) -> None:
@@ -269,7 +293,7 @@ def bench_events(w: world_mod.World, size: int, repeats: int) -> list[Row]:
         f"save -> relabel latency, {size} slots (p50 of each run)",
         unit="s",
         ratio_of="",
-        target="keep ~205 ms (settle 200 ms)",
+        target="-",
     )
     for _ in range(repeats):
         c_small, latencies = per_save_cpu(w, size, 20)
@@ -282,64 +306,171 @@ def bench_events(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     return [row, small, lat]
 
 
+def _burst(w: world_mod.World, size: int, source: baselines.Source) -> float:
+    w.refill(size, device="gpu-rocm")
+    with bench_latency.daemon(w, source):
+        time.sleep(0.5)
+        paths = [w.slots / f"burst{n}.toml" for n in range(1000)]
+        for n, path in enumerate(paths):
+            hal0_write(path, world_mod.slot_text(size + n).replace(f's{size + n}"', f'burst{n}"'))
+        last = time.monotonic()
+        for path in paths:
+            wait_relabelled(path, timeout=120)
+        return time.monotonic() - last
+
+
 def bench_burst(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     row = Row(
         f"burst of 1000 new files onto {size} slots: done after the last write",
         unit="s",
         ratio_of="",
-        target="<= 1.5 s",
+        target="<= 1.0 s",
     )
+    if BASE is not None:
+        row.measure += f", vs {BASE.label}"
+        row.ratio_of = "ours/base"
     for _ in range(repeats):
-        w.refill(size, device="gpu-rocm")
-        with daemon(w):
-            time.sleep(0.5)
-            paths = [w.slots / f"burst{n}.toml" for n in range(1000)]
-            for n, path in enumerate(paths):
-                hal0_write(
-                    path, world_mod.slot_text(size + n).replace(f's{size + n}"', f'burst{n}"')
-                )
-            last = time.monotonic()
-            for path in paths:
-                wait_relabelled(path, timeout=120)
-            row.ours.append(time.monotonic() - last)
+        row.ours.append(_burst(w, size, baselines.OURS))
+        if BASE is not None:
+            row.base.append(_burst(w, size, BASE))
     return [row]
+
+
+def _ready(
+    w: world_mod.World, saved: Path, source: baselines.Source
+) -> tuple[float, float, float, float]:
+    """(first start wall, restart wall, first start CPU, restart CPU) until READY=1."""
+    saved.unlink(missing_ok=True)
+    figures: list[float] = []
+    cpus: list[float] = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        with bench_latency.daemon(w, source) as (proc, sock):
+            ready_at = next(t for t, m in sock.timed() if m == "READY=1")
+            used = proc.cpu_times()
+        figures.append(ready_at - t0)
+        cpus.append(used.user + used.system + used.children_user + used.children_system)
+    return figures[0], figures[1], cpus[0], cpus[1]
 
 
 def bench_ready(w: world_mod.World, size: int, repeats: int) -> list[Row]:
     """From exec to READY=1 with nothing to do: a first start (no saved memory of the slot
-    files: each is read and parsed) and a restart (the memory the first start saved)."""
+    files: each is read and parsed) and a restart (the memory the first start saved), this
+    checkout and the baseline's tree, back to back."""
+    versus = f" vs {BASE.label}" if BASE is not None else ""
     first = Row(
-        f"READY, {size} slots, nothing to do (from exec): first start, every file parsed",
+        f"READY, {size} slots, nothing to do (from exec): first start, every file parsed{versus}",
         unit="s",
-        ratio_of="",
         target="-",
     )
     again = Row(
-        f"READY, {size} slots, nothing to do (from exec): restart, files unchanged",
+        f"READY, {size} slots, nothing to do (from exec): restart, files unchanged{versus}",
         unit="s",
-        ratio_of="",
         target="<= 250 ms",
     )
-    cpu = Row(
-        f"READY, {size} slots, restart: CPU of the daemon and its probe's child until READY",
+    cpu_first = Row(
+        f"READY, {size} slots, first start: CPU of the daemon and its probe's child{versus}",
         unit="s",
-        ratio_of="",
-        target="-",
+        target="<= 350 ms",
+    )
+    cpu = Row(
+        f"READY, {size} slots, restart: CPU of the daemon and its probe's child{versus}",
+        unit="s",
+        target="<= 350 ms",
     )
     cpu.note = "less moved by the machine's load than the wall time"
     w.refill(size, device="gpu-rocm")
     time.sleep(1.1)  # the files' last change is a second old: their reads are settled
     saved = Path(w.overrides()["state_dir"]) / "seen-slots.json"
     for _ in range(repeats):
-        saved.unlink(missing_ok=True)
-        for row in (first, again):
-            t0 = time.monotonic()
-            with daemon(w) as (proc, sock):
-                ready_at = next(t for t, m in sock.timed() if m == "READY=1")
-                used = proc.cpu_times()
-            row.ours.append(ready_at - t0)
-        cpu.ours.append(used.user + used.system + used.children_user + used.children_system)
-    return [first, again, cpu]
+        figures = _ready(w, saved, baselines.OURS)
+        for row, value in zip((first, again, cpu_first, cpu), figures, strict=True):
+            row.ours.append(value)
+        if BASE is not None:
+            figures = _ready(w, saved, BASE)
+            for row, value in zip((first, again, cpu_first, cpu), figures, strict=True):
+                row.base.append(value)
+    return [first, again, cpu_first, cpu]
+
+
+def bench_save_latency(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    """Atomic saves one at a time (hal0's: temp file, rename): rename -> relabel seen."""
+    del size  # 1000 slots: the latency does not grow with the folder (the events row)
+    versus = f" vs {BASE.label}" if BASE is not None else ""
+    p50 = Row(
+        f"save -> relabel latency, atomic saves one at a time, {SAVES} saves: p50{versus}",
+        unit="s",
+        target="<= 10 ms",
+    )
+    p99 = Row(
+        f"save -> relabel latency, atomic saves one at a time, {SAVES} saves: p99{versus}",
+        unit="s",
+        target="<= 25 ms",
+    )
+    if BASE is not None:
+        p50.note = p99.note = f"the baseline from {BASE_SAVES} saves (a fixed settle window)"
+    for _ in range(repeats):
+        ours = bench_latency.atomic_saves(w, baselines.OURS, SAVES)
+        p50.ours.append(statistics.median(ours))
+        p99.ours.append(bench_latency.p99(ours))
+        if BASE is not None:
+            base = bench_latency.atomic_saves(w, BASE, BASE_SAVES)
+            p50.base.append(statistics.median(base))
+            p99.base.append(bench_latency.p99(base))
+    return [p50, p99]
+
+
+def bench_in_place(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    """An in-place writer (truncate, three writes 2 ms apart, close): close -> relabel, and
+    the times the daemon read it torn (must be 0)."""
+    del size
+    versus = f" vs {BASE.label}" if BASE is not None else ""
+    saves = max(50, SAVES // 4)
+    p50 = Row(f"in-place writer, {saves} saves: close -> relabel p50{versus}", unit="s")
+    torn = Row(f"in-place writer, {saves} saves: read torn{versus}", unit="n", target="0")
+    torn.ratio_of = ""
+    for _ in range(repeats):
+        ours, torn_ours = bench_latency.in_place_saves(w, baselines.OURS, saves)
+        p50.ours.append(statistics.median(ours))
+        torn.ours.append(torn_ours)
+        if BASE is not None:
+            base, torn_base = bench_latency.in_place_saves(w, BASE, saves)
+            p50.base.append(statistics.median(base))
+            torn.base.append(torn_base)
+    return [p50, torn]
+
+
+def bench_idle(w: world_mod.World, size: int, repeats: int) -> list[Row]:
+    """Idle after READY: wake-ups per second of all threads (voluntary context switches over
+    ``--idle-seconds``), RSS, threads."""
+    del size
+    versus = f" vs {BASE.label}" if BASE is not None else ""
+    wakeups = Row(
+        f"idle, 1000 slots: wake-ups per second, all threads, over {IDLE_SECONDS:g} s{versus}",
+        unit="n",
+        target="no timer it does not need",
+    )
+    rss = Row(f"idle, 1000 slots: RSS (MB){versus}", unit="n", target="-")
+    threads = Row(f"idle, 1000 slots: threads{versus}", unit="n", target="-")
+    names: list[str] = []
+    for _ in range(repeats):
+        figures = bench_latency.idle(w, baselines.OURS, IDLE_SECONDS)
+        for row, value in zip((wakeups, rss, threads), figures[:3], strict=True):
+            row.ours.append(round(value, 2))
+        names = figures[3]
+        if BASE is not None:
+            figures = bench_latency.idle(w, BASE, IDLE_SECONDS)
+            for row, value in zip((wakeups, rss, threads), figures[:3], strict=True):
+                row.base.append(round(value, 2))
+    threads.note = "ours: " + ", ".join(names)
+    return [wakeups, rss, threads]
+
+
+BASE: baselines.Source | None = None
+"""``--base COMMIT``: the recorded baseline the daemon's figures are paired with."""
+SAVES = 200
+BASE_SAVES = 50
+IDLE_SECONDS = 60.0
 
 
 INSTALLED: Path | None = None
@@ -473,6 +604,9 @@ BENCHES: dict[str, Callable[[world_mod.World, int, int], list[Row]]] = {
     "events": bench_events,
     "burst": bench_burst,
     "ready": bench_ready,
+    "latency": bench_save_latency,
+    "inplace": bench_in_place,
+    "idle": bench_idle,
     "plan": bench_plan_empty,
     "aiter": bench_aiter,
     "restarter": bench_restarter,
@@ -518,15 +652,36 @@ def main() -> int:
         help="plan: also measure the package installed in this venv (python -m venv VENV && "
         "VENV/bin/pip install .), by its entry point",
     )
+    ap.add_argument(
+        "--base",
+        default="6aef203",
+        help="the recorded commit the daemon's figures are paired with (6aef203 = 0.2.0, "
+        "12f8b41 = 0.1.0; none: ours only)",
+    )
+    ap.add_argument("--saves", type=int, default=200, help="latency: saves per run (ours)")
+    ap.add_argument("--base-saves", type=int, default=50, help="latency: the baseline's")
+    ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument("--daemon-pass-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
-    global INSTALLED  # noqa: PLW0603 - one option for one benchmark, set once
+    if opts.daemon_pass_child:  # the baseline's tree measured in this process (HAL0_BENCH_SRC)
+        n, repeats = (int(x) for x in opts.daemon_pass_child.split(","))
+        child_world = world_mod.World()
+        try:
+            print(json.dumps(daemon_pass_cpu(child_world, n, repeats)))
+        finally:
+            child_world.close()
+        return 0
+    global INSTALLED, BASE, SAVES, BASE_SAVES, IDLE_SECONDS  # noqa: PLW0603 - set once
     INSTALLED = opts.installed
+    SAVES, BASE_SAVES, IDLE_SECONDS = opts.saves, opts.base_saves, opts.idle_seconds
     if os.geteuid() != 0:
         print("run as root: the benchmarks make device nodes and run the probe", file=sys.stderr)
         return 1
     chosen = [n for n in (opts.only.split(",") if opts.only else BENCHES) if n]
     rows: list[Row] = []
     world_mod.compile_sources()
+    if opts.base != "none":
+        BASE = baselines.checkout(opts.base)
     w = world_mod.World()
     started = time.monotonic()
     try:
@@ -543,6 +698,7 @@ def main() -> int:
     print(
         f"size {opts.size}, {opts.repeats} repeats, {os.cpu_count()} CPUs (load {load:.1f}), "
         f"python {sys.version.split()[0]}, {time.monotonic() - started:.0f} s"
+        + (f", paired with {BASE.label}" if BASE is not None else "")
     )
     print(table(rows))
     if opts.json:

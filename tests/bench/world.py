@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-for _p in (REPO / "src", REPO / "tests"):
+SRC = Path(os.environ.get("HAL0_BENCH_SRC") or REPO / "src")
+"""The package tree measured: this checkout's, or a baseline's (``baselines``, in a child)."""
+for _p in (SRC, REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -133,7 +135,7 @@ class World:
 def env() -> dict[str, str]:
     """The environment for a child: this checkout's src first; no NOTIFY_SOCKET inherited."""
     values = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-    values["PYTHONPATH"] = str(REPO / "src")
+    values["PYTHONPATH"] = str(SRC)
     values.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its bytecode
     return values
 

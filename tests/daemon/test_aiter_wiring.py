@@ -208,8 +208,11 @@ def test_a_failing_aiter_check_does_not_stop_slot_relabels(
     with capture_logs() as logs, running(settings, aiter_factory=lambda _s: exploding):
         notify_socket.wait_for("READY=1")
         for name in ("one", "two", "three"):
+            calls = exploding.calls
             slot = drop_slot(host.slots, name)
             wait_until(lambda slot=slot: device_of(slot) == "gpu-rocm", what=f"relabel {name}")
+            # a whole file is relabelled at once: its aiter check follows its own window
+            wait_until(lambda calls=calls: exploding.calls > calls, what=f"the check for {name}")
         wait_until(lambda: exploding.calls >= selfheal.FAILING_AFTER, what="repeated failures")
         snapshot = wait_until(
             lambda: (

@@ -290,3 +290,37 @@ def test_plan_shows_the_label_not_applied(host: Host) -> None:
     assert b"" != done.stdout, done.stderr
     doc = json.loads(done.stdout)
     assert "not-applied" == doc["labels_not_applied"]["agent"]["state"], done.stderr
+
+
+def test_the_look_runs_again_only_when_one_of_its_inputs_changed(host: Host, notify_socket) -> None:
+    """Full passes that find nothing new do not look again; a unit hal0 re-rendered, and the
+    Vulkan opt-in set in hal0's environment, each make the next full pass look."""
+    _catalog_era(host)
+    _render(host, "agent", image="ghcr.io/hal0ai/hal0-toolbox-cpu:v1", gpu=False)
+    drop_slot(host.slots, "agent", device="gpu-rocm")
+    host.systemctl.set_states({UNIT: "active", "hal0-api.service": "active"})
+    with Hal0Api() as api:
+        settings = _settings(host, api)
+        with running(settings) as daemon, capture_logs() as logs:
+            notify_socket.wait_for("READY=1")
+            labels = daemon._passes.labels
+            wait_until(lambda: _shown(settings), what="label not applied")
+            _after_full_passes(logs)
+            looks = labels.looks
+            _after_full_passes(logs, 3)
+            assert looks == labels.looks  # nothing changed: not looked at again
+            _render(host, "agent", image=VULKAN_IMAGE, gpu=True)  # hal0 rendered it anew
+            wait_until(
+                lambda: (_shown(settings) or {}).get("running") == "gpu-vulkan",
+                what="the new rendering seen",
+            )
+            looks = labels.looks
+            _env(
+                host,
+                f"HAL0_TOOLBOX_IMAGE_VULKANFPX={VULKAN_IMAGE}\nHAL0_ALLOW_VULKAN_FALLBACK=1\n",
+            )
+            wait_until(
+                lambda: "HAL0_ALLOW_VULKAN_FALLBACK" in (_shown(settings) or {}).get("reason", ""),
+                what="the opt-in seen",
+            )
+            assert labels.looks > looks

@@ -11,8 +11,11 @@ its label applies at its next load.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from hal0_reconciler import _log, console, reconcile
@@ -71,19 +74,49 @@ def look(
     facts: Hal0Facts,
     memory: label_check.AppliedMemory,
     found: list[label_check.Candidate] | None = None,
+    *,
+    vulkan: bool | None = None,
 ) -> list[label_check.Looked]:
     """Every rendered llama.cpp slot of ``outcomes``, judged (no unit state asked yet);
-    ``found``: their candidates, when the caller has them already."""
+    ``found``: their candidates, ``vulkan``: the Vulkan opt-in, when the caller has them."""
     return label_check.look(
         candidates(outcomes, settings) if found is None else found,
         quadlet_dir=settings.quadlet_dir,
         facts=facts,
         memory=memory,
         intent=Intent(
-            apply_others=settings.apply_others_labels, vulkan_paused=vulkan_paused(settings)
+            apply_others=settings.apply_others_labels,
+            vulkan_paused=vulkan_paused(settings) if vulkan is None else vulkan,
         ),
         slot_max_bytes=settings.slot_max_bytes,
     )
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a full look depends on: when none of it changed, the look would find what
+    it found (its pass's outcomes, compared by identity: a full pass that found every file as
+    it was gives the very same objects)."""
+
+    outcomes: tuple[reconcile.Outcome, ...]
+    facts: Hal0Facts
+    memory: int  # the applied-labels memory's revision
+    vulkan: bool  # the Vulkan opt-in in hal0's api.env
+    restarts: int  # restarts finished
+    units: tuple[frozenset[str], tuple[tuple[str, tuple[int, ...] | None], ...]]
+
+    def same(self, other: Inputs | None) -> bool:
+        return (
+            other is not None
+            and _same_objects(self.outcomes, other.outcomes)
+            and (self.facts is other.facts or self.facts == other.facts)
+            and (self.memory, self.vulkan, self.restarts, self.units)
+            == (other.memory, other.vulkan, other.restarts, other.units)
+        )
+
+
+def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return a is b or (len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def running_mismatches(
@@ -116,11 +149,15 @@ class LabelWatch:
         self._lock = threading.Lock()
         self._memory = label_check.AppliedMemory(settings.state_dir / label_check.MEMORY_FILE)
         self._shown: dict[str, dict[str, str]] = {}  # slot name -> its entry
+        self._last: Inputs | None = None  # what the last full look rested on (worker only)
+        self._found: list[label_check.Candidate] = []  # that look's candidates
+        self.looks = 0  # full looks made (a full pass whose look was skipped makes none)
 
     def update_settings(self, settings: Settings) -> None:
         if settings.state_dir != self._settings.state_dir:
             self._memory = label_check.AppliedMemory(settings.state_dir / label_check.MEMORY_FILE)
         self._settings = settings
+        self._last = None  # hands_off, the Quadlet folder, apply_others_labels may differ
 
     def note_relabeled(self, token: str | None, label: str | None) -> None:
         """This daemon wrote ``label`` and asked for the restart (not asked again)."""
@@ -128,14 +165,49 @@ class LabelWatch:
             self._memory.note_written(token, label)
 
     def check(
-        self, outcomes: tuple[reconcile.Outcome, ...], facts: Hal0Facts | None, *, full: bool
+        self,
+        outcomes: tuple[reconcile.Outcome, ...],
+        facts: Hal0Facts | None,
+        *,
+        full: bool,
+        restarts: int = 0,
     ) -> bool:
-        """Look at the pass's slots; True when what status shows changed."""
+        """Look at the pass's slots; True when what status shows changed. A full pass whose
+        look rests on what the last one did (``Inputs``; ``restarts``: restarts finished so
+        far) is not looked at again: it would find the same."""
         if facts is None:
             return False
         settings = self._settings
-        found = candidates(outcomes, settings)
-        looked = look(settings, outcomes, facts, self._memory, found)
+        vulkan = vulkan_paused(settings)
+        last = self._last
+        self._last = None
+        if full and last is not None and _same_objects(outcomes, last.outcomes):
+            found = self._found  # the same outcomes: the same candidates
+        else:
+            found = candidates(outcomes, settings)
+        units = label_check.unit_identities(settings.quadlet_dir, (c.token for c in found))
+        inputs = Inputs(outcomes, facts, self._memory.revision, vulkan, restarts, units)
+        if full and inputs.same(last):
+            self._last = last
+            return False
+        changed = self._look(outcomes, facts, found, full=full, vulkan=vulkan)
+        if full:
+            self.looks += 1
+            self._found = found
+            self._last = dataclasses.replace(inputs, memory=self._memory.revision)
+        return changed
+
+    def _look(
+        self,
+        outcomes: tuple[reconcile.Outcome, ...],
+        facts: Hal0Facts,
+        found: list[label_check.Candidate],
+        *,
+        full: bool,
+        vulkan: bool,
+    ) -> bool:
+        settings = self._settings
+        looked = look(settings, outcomes, facts, self._memory, found, vulkan=vulkan)
         running = running_mismatches(settings, looked)
         for x in running:
             if x.check.state is LabelState.APPLY:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
+from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile, threadname
 from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
 from hal0_reconciler.daemon.progress import Progress, digest
 from hal0_reconciler.host import units
@@ -76,7 +76,7 @@ class Worker(lifecycle.StartStop):
     ) -> None:
         self._queue = queue
         self._process = process
-        self._thread = threading.Thread(target=self._run, name="hal0-worker", daemon=True)
+        self._thread = threadname.NamedThread(target=self._run, name="hal0-worker", daemon=True)
 
     def _run(self) -> None:
         while True:
@@ -124,8 +124,14 @@ class Passes:
         restarter: units.Restarter,
         selfheal_: selfheal.SelfHeal,
         wake: Callable[[], None],
+        give_back: Callable[[Iterable[workqueue.WorkKey]], None] | None = None,
     ) -> None:
+        """``give_back``: where a slot read the instant its writer closed it, and found
+        unreadable, goes to wait a settle window (``WorkQueue.add_doubtful``); None: such a
+        file is reported at once."""
         self.lock = threading.RLock()
+        self._give_back = give_back
+        self.on_busy: Callable[[], None] | None = None  # told as each batch starts
         self._metrics_lock = threading.Lock()
         self.progress = Progress()
         self.fights = fights.FightDetector(
@@ -178,6 +184,8 @@ class Passes:
             settings = self._settings
             reconciler = self._reconciler
             self.progress.busy_since = self._clock.monotonic()
+        if self.on_busy is not None:
+            self.on_busy()
         with self.lock:
             revision = self.progress.revision
         restarts = sum(self._restarter.results.values())
@@ -259,7 +267,14 @@ class Passes:
             paths = [Path(k) for k in batch.slots]
         hands_off = self._hands_off()
         before = self._fingerprints(paths)
-        report = reconciler.reconcile(facts, paths, hands_off=hands_off)
+        doubtful = (
+            frozenset(SlotKey(k) for k in batch.prompt if not isinstance(k, workqueue.Special))
+            if self._give_back is not None and not full
+            else frozenset()
+        )
+        report = reconciler.reconcile(facts, paths, hands_off=hands_off, doubtful=doubtful)
+        if report.held and self._give_back is not None:  # its writer may not be done after all
+            self._give_back([o.key for o in report.held])
         with self.lock:
             demoted = reconciler.own_demotions
             if demoted != self.progress.metrics.demoted_slots:
@@ -267,7 +282,12 @@ class Passes:
             self.progress.metrics.demoted_slots = demoted
         fresh = self._book.absorb(report, facts=facts, full=full, before=before)
         if facts.amd and (full or report.relabeled):  # what runs vs the labels
-            looked = self.labels.check(report.outcomes, reconciler.hal0_facts, full=full)
+            looked = self.labels.check(
+                report.outcomes,
+                reconciler.hal0_facts,
+                full=full,
+                restarts=sum(self._restarter.results.values()),
+            )
             with self.lock:
                 self.progress.revision += int(looked)
         self._note_hal0(reconciler)

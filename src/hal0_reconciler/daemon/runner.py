@@ -52,7 +52,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_FRESH_VIEW = health.EXIT_FRESH_VIEW  # EX_TEMPFAIL: restart me (RestartForceExitStatus=75)
 SEEN_FILE = "seen-slots.json"  # in the state dir: unchanged slot files are not parsed at a start
-_LOOP_TICK = 5.0  # seconds: watch repair and health checks; events and signals wake it at once
+_LOOP_TICK = 5.0  # seconds: health checks while work is in hand; events and signals wake it at once
 
 
 def default_reconciler(
@@ -122,6 +122,7 @@ class Runner:
             windows=_windows(settings),
         )
         self._restarter = units.Restarter(settings)
+        self._restarter.on_change = self._waker.wake  # a restart waited, ended or failed
         self._aiter = selfheal.SelfHeal(settings, factory=aiter_factory, clock=self._clock)
         self._passes = passes.Passes(
             settings,
@@ -132,7 +133,10 @@ class Runner:
             restarter=self._restarter,
             selfheal_=self._aiter,
             wake=self._waker.wake,
+            give_back=self._queue.add_doubtful,
         )
+        self._passes.on_busy = self._on_busy
+        self._idle_sleep = False  # the main loop sleeps without the tick (nothing in hand)
         self._watcher: watch.Watcher | None = None
         self._health = health.Health(
             settings, passes_=self._passes, queue=self._queue, restarter=self._restarter
@@ -147,6 +151,13 @@ class Runner:
             reloads=self._reloads,
             notifier=self._notifier,
         )
+
+    def _on_busy(self) -> None:
+        """A pass starts (worker thread): a main loop asleep without its tick is woken, to
+        watch the pass with it (a stuck pass is noticed within ``stuck_after``)."""
+        if self._idle_sleep:
+            self._idle_sleep = False
+            self._waker.wake()
 
     def _is_stopping(self) -> bool:
         return self._stop_requested
@@ -183,6 +194,7 @@ class Runner:
             dri_dir=settings.dri_dir.absolute() if settings.watch_dev else None,
             is_slot_name=store.is_slot_file_name,
             enqueue=self._queue.add_many,
+            enqueue_complete=self._queue.add_complete,
             wake=self._waker.wake,
             aiter_dirs=self._aiter.watch_paths(),
             **extra,
@@ -281,8 +293,19 @@ class Runner:
         return _Timers(recheck_at, resync_at, aiter_retry_at)
 
     def _sleep(self, beat: _Beat, timers: _Timers, now: float, interval: float | None) -> None:
-        """Until the earliest of the tick, the status heartbeat, the timers and the ping."""
-        deadlines = [now + _LOOP_TICK, self._reporter.next_status]
+        """Until the earliest of the status heartbeat, the timers and the ping, and the tick
+        while work is in hand (a pass running, keys pending: a stuck pass is noticed; restarts
+        pending: their waits are published). Idle, no tick: events that need the main loop,
+        signals, a pass starting or ending and a restart's changed wait wake it at once."""
+        deadlines = [self._reporter.next_status]
+        self._idle_sleep = True  # first: a pass starting from here on wakes it
+        with self._passes.lock:
+            busy = self._passes.progress.busy_since is not None
+        restarting = self._restarter.pending() or self._restarter.busy_for()
+        in_hand = bool(busy or self._queue.pending() or restarting)
+        if in_hand:
+            deadlines.append(now + _LOOP_TICK)  # a restart waiting: status says why
+            self._idle_sleep = False
         deadlines += [
             d for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at) if d is not None
         ]

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from hal0_reconciler import _log, lifecycle
+from hal0_reconciler import _log, lifecycle, threadname
 from hal0_reconciler.daemon import _watchdog_compat, watchkeys
 from hal0_reconciler.daemon.workqueue import Special, WorkKey
 
@@ -74,20 +74,39 @@ ObserverFactory = Callable[[], ObserverLike]
 
 
 class _Handler(FileSystemEventHandler):
-    """Maps each event to keys with ``mapper`` and enqueues them. Nothing else."""
+    """Maps each event to keys with ``mapper`` and enqueues them (``enqueue_complete``: the
+    keys of an event that says its file is whole). Nothing else."""
 
     def __init__(
         self,
         mapper: Callable[[FileSystemEvent], Iterable[WorkKey]],
         enqueue: Callable[[Iterable[WorkKey]], None],
+        enqueue_complete: Callable[[Iterable[WorkKey]], None] | None = None,
     ) -> None:
         super().__init__()
         self._mapper = mapper
         self._enqueue = enqueue
+        self._enqueue_complete = enqueue_complete
+
+    on_failure: Callable[[], None] | None = None  # set by the watcher: a handler raised
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        """watchdog's call for each event; an exception here ends its observer thread, so the
+        main loop is told at once (it restarts the observer: no periodic look is needed)."""
+        try:
+            super().dispatch(event)
+        except BaseException:
+            if self.on_failure is not None:
+                self.on_failure()
+            raise
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         keys = list(self._mapper(event))
-        if keys:
+        if not keys:
+            return
+        if self._enqueue_complete is not None and watchkeys.complete(event):
+            self._enqueue_complete(keys)
+        else:
             self._enqueue(keys)
 
 
@@ -144,7 +163,10 @@ class Watcher(lifecycle.StartStop):
         wake: Callable[[], None],
         observer_factory: ObserverFactory = Observer,
         aiter_dirs: Iterable[Path] = (),
+        enqueue_complete: Callable[[Iterable[WorkKey]], None] | None = None,
     ) -> None:
+        """``enqueue_complete``: where the keys of a slot file renamed into place or closed
+        after writing go (judged without a settle window); by default ``enqueue``."""
         self._slots_dir = slots_dir
         self._dev_dir = dev_dir
         self._dri_dir = dri_dir
@@ -156,16 +178,26 @@ class Watcher(lifecycle.StartStop):
             is_slot_name=is_slot_name,
         )
         self._enqueue_raw = enqueue
+        self._enqueue_complete_raw = enqueue_complete
         self._wake = wake
         self._factory = observer_factory
         self._observer: ObserverLike | None = None
         self._overflowed = threading.Event()
+        self._handler_failed = threading.Event()  # a handler raised: its observer is ending
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
             # in it: for the slots folder that says nothing its files' own events do not
-            _Watch(slots_dir, _Handler(self._keys.slot_keys, self._enqueue), ("DirModifiedEvent",)),
+            _Watch(
+                slots_dir,
+                _Handler(
+                    self._keys.slot_keys,
+                    self._enqueue,
+                    self._enqueue_complete if enqueue_complete is not None else None,
+                ),
+                ("DirModifiedEvent",),
+            ),
             _Watch(slots_dir.parent, _Handler(self._keys.slots_parent_keys, self._enqueue)),
         ]
         if dev_dir is not None:
@@ -187,6 +219,15 @@ class Watcher(lifecycle.StartStop):
         if self._keys.folder_changed.is_set() or self._keys.hal0_moved.is_set():
             self._wake()
 
+    def _enqueue_complete(self, keys: Iterable[WorkKey]) -> None:
+        """The keys of a slot file that is whole (a slot event never asks for a repair)."""
+        assert self._enqueue_complete_raw is not None  # noqa: S101 - only handed when given
+        self._enqueue_complete_raw(keys)
+
+    def _on_handler_failure(self) -> None:
+        self._handler_failed.set()
+        self._wake()
+
     def _on_overflow(self) -> None:
         self._overflowed.set()
         self._wake()
@@ -200,6 +241,7 @@ class Watcher(lifecycle.StartStop):
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
+        name_watchdog_threads()
 
     def stop(self) -> None:
         self._stopping = True
@@ -282,6 +324,9 @@ class Watcher(lifecycle.StartStop):
             self._overflowed.clear()
             triggers.append(Trigger.OVERFLOW)
             log.warning("daemon.events_lost", reason="inotify queue overflowed")
+        if self._handler_failed.is_set() and self._observer is not None:
+            self._handler_failed.clear()
+            self._observer.join(timeout=OBSERVER_STOP_WAIT)  # it is ending: the raise unwinds it
         if self._observer is not None and not self._observer.is_alive() and not self._stopping:
             log.error("daemon.observer_died", action="restarting the observer, full pass")
             triggers.append(Trigger.OBSERVER_DIED)
@@ -329,6 +374,7 @@ class Watcher(lifecycle.StartStop):
                 continue  # absent: its parent's watch (or the next resync) brings it back
             if watch.failure is not None and not retry_failures:
                 continue
+            watch.handler.on_failure = self._on_handler_failure
             try:
                 watch.handle = observer.schedule(
                     watch.handler,
@@ -344,6 +390,8 @@ class Watcher(lifecycle.StartStop):
                 log.info("daemon.watch_restored", path=str(watch.path))
             watch.failure = None
             added = True
+        if added:
+            name_watchdog_threads()
         return added
 
     def _failed(self, watch: _Watch, exc: OSError) -> None:
@@ -364,6 +412,28 @@ class Watcher(lifecycle.StartStop):
 
 
 _GLOB = frozenset("*?[")
+
+
+def _watchdog_role(thread: threading.Thread) -> str | None:
+    """What a thread of watchdog's does, by its class (None: not watchdog's)."""
+    kind = type(thread)
+    if not kind.__module__.startswith("watchdog."):
+        return None
+    name = kind.__name__
+    if "Observer" in name:
+        return "hal0-observer"  # dispatches events to the handlers (our mapping runs here)
+    if "Emitter" in name:
+        return "hal0-watch"  # one per watched folder: turns inotify events into watchdog's
+    return "hal0-inotify"  # reads the inotify fd, pairs a rename's two halves
+
+
+def name_watchdog_threads() -> None:
+    """Name watchdog's threads (they run none of our code before their first event): one
+    observer, and per watched folder an emitter and its inotify reader."""
+    for thread in threading.enumerate():
+        role = _watchdog_role(thread)
+        if role is not None and not thread.name.startswith("hal0-"):
+            threadname.name_other(thread, role)
 
 
 def nearest_watch(path: Path) -> tuple[Path, str, bool]:

@@ -19,6 +19,15 @@ from hal0_reconciler.model import SlotKey
 # Event types that carry no change: reading a file (and the probe's own open/close of the nodes).
 _NO_CHANGE = frozenset({"opened", "closed_no_write"})
 _NO_CHANGE_DEV = _NO_CHANGE | {"closed"}
+# Event types that say the file is whole: renamed into place (IN_MOVED_TO, and the name it left),
+# closed after writing (IN_CLOSE_WRITE). It is judged at once, without a settle window.
+_COMPLETE = frozenset({"moved", "closed"})
+
+
+def complete(event: FileSystemEvent) -> bool:
+    """The event says its file is whole now (a rename onto it, a close after writing); a
+    modify without a close, a create, a change of mode may be followed by more writes."""
+    return event.event_type in _COMPLETE and not event.is_directory
 
 
 def _paths(event: FileSystemEvent) -> list[str]:

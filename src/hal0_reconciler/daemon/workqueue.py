@@ -12,6 +12,14 @@ again after ``done()`` (never processed twice at once).
 
 A key given its own :class:`Window` (the aiter check: seconds, not milliseconds) settles on its
 own clock; every other key shares the default window.
+
+A slot file that is whole (renamed into place, closed after writing: :meth:`WorkQueue.add_complete`)
+skips the settle window and is taken at once, unless a burst is pending (more than
+:data:`BURST` keys: then batching is cheaper, and the settle window applies) or an event that may
+still be followed by writes came for it after (a modify, a create). The batch names the keys it
+took so (:attr:`Batch.prompt`): one that could not be read then is given back with
+:meth:`WorkQueue.add_doubtful`, and waits one settle window (its writer may not be done after
+all) before it is judged, and reported, again.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hal0_reconciler.model import SlotKey
+
+BURST = 8
+"""More keys than this pending at once is a burst: a whole file waits the settle window too."""
 
 
 class Clock(Protocol):
@@ -138,6 +149,7 @@ class Batch:
     keys: frozenset[WorkKey]
     events: int
     behind: int = 0  # keys still dirty when it was taken (more work is coming)
+    prompt: frozenset[WorkKey] = frozenset()  # taken whole, without a settle window
 
     @property
     def everything(self) -> bool:
@@ -172,6 +184,8 @@ class WorkQueue:
         self._clock = clock
         self._groups: dict[WorkKey | None, _Pending] = {}
         self._processing: frozenset[WorkKey] = frozenset()
+        self._prompt: set[WorkKey] = set()  # pending, taken at once: their files are whole
+        self._doubtful: set[WorkKey] = set()  # pending for one settle window: not read whole
         self._events = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -204,6 +218,26 @@ class WorkQueue:
         self.add_many((key,), settled=settled)
 
     def add_many(self, keys: Iterable[WorkKey], *, settled: bool = False) -> None:
+        self._add(keys, settled=settled)
+
+    def add_complete(self, keys: Iterable[WorkKey]) -> None:
+        """Mark ``keys`` dirty; a slot file among them is whole (renamed into place, closed
+        after writing): taken at once, without a settle window, outside a burst."""
+        self._add(keys, complete=True)
+
+    def add_doubtful(self, keys: Iterable[WorkKey]) -> None:
+        """Give back keys taken whole that could not be read: each waits one settle window
+        (not taken at once for its next whole-file event), then is judged as usual."""
+        self._add(keys, doubtful=True)
+
+    def _add(
+        self,
+        keys: Iterable[WorkKey],
+        *,
+        settled: bool = False,
+        complete: bool = False,
+        doubtful: bool = False,
+    ) -> None:
         now = self._clock.monotonic()
         with self._cond:
             added = False
@@ -215,10 +249,29 @@ class WorkQueue:
                 pending.add(key, now)
                 if settled:
                     pending.now.add(key)
+                elif doubtful:
+                    self._doubtful.add(key)
+                    self._unprompt(pending, key)
+                elif (
+                    complete
+                    and group is _DEFAULT
+                    and not isinstance(key, Special)
+                    and key not in self._doubtful
+                    and len(pending) <= BURST
+                ):
+                    pending.now.add(key)
+                    self._prompt.add(key)
+                else:  # may still be written: the settle window again
+                    self._unprompt(pending, key)
                 self._events += 1
                 added = True
             if added:
                 self._cond.notify_all()
+
+    def _unprompt(self, pending: _Pending, key: WorkKey) -> None:
+        if key in self._prompt:
+            self._prompt.discard(key)
+            pending.now.discard(key)
 
     def close(self) -> None:
         """Wake every waiter; ``get`` returns ``Closed.TOKEN`` from now on."""
@@ -256,10 +309,14 @@ class WorkQueue:
         if not taken:
             return None
         keys = frozenset(taken)
+        prompt = frozenset(k for k in taken if k in self._prompt)
+        self._prompt.difference_update(taken)
+        self._doubtful.difference_update(taken)
         if Special.EVERYTHING in keys:
             keys = frozenset({Special.EVERYTHING})  # a full pass covers every other ready key
+            prompt = frozenset()
         behind = sum(len(p) for p in self._groups.values())
-        batch = Batch(keys=keys, events=self._events, behind=behind)
+        batch = Batch(keys=keys, events=self._events, behind=behind, prompt=prompt)
         self._processing = keys
         self._events = 0
         return batch

@@ -122,9 +122,11 @@ class EarlyGather:
         )
         self._result: HostFacts | None = None
         self._taken = False
-        import threading  # noqa: PLC0415 - the daemon's only: not for plan, once, probe
+        from hal0_reconciler import threadname  # noqa: PLC0415 - the daemon's only: not plan
 
-        self._thread = threading.Thread(target=self._run, name="hal0-early-probe", daemon=True)
+        self._thread = threadname.NamedThread(
+            target=self._run, name="hal0-early-probe", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:

@@ -55,6 +55,26 @@ def rendered_names(quadlet_dir: Path) -> frozenset[str]:
         return frozenset()
 
 
+def unit_identities(
+    quadlet_dir: Path, tokens: Iterable[str]
+) -> tuple[frozenset[str], tuple[tuple[str, tuple[int, ...] | None], ...]]:
+    """What the look would read of the Quadlet folder: its names, and the identity
+    (``lstat``: device, inode, size, mtime, ctime) of each of ``tokens``' rendered units."""
+    names = rendered_names(quadlet_dir)
+    found: list[tuple[str, tuple[int, ...] | None]] = []
+    for token in tokens:
+        name = unit_file_name(token)
+        if name not in names:
+            continue
+        try:
+            st = os.lstat(quadlet_dir / name)
+        except OSError:
+            found.append((name, None))
+            continue
+        found.append((name, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+    return names, tuple(found)
+
+
 def read_unit(quadlet_dir: Path, token: str) -> RenderedUnit | str | None:
     """The rendered unit of ``token``; None when it is not rendered; a string says why it
     could not be read."""
@@ -141,6 +161,7 @@ class AppliedMemory:
         self._path = path
         self._written: dict[str, str] = {}
         self._restarted: dict[str, str] = {}
+        self.revision = 0  # bumped at each change (the daemon's look skips an unchanged world)
         if path is not None:
             self._load(path)
 
@@ -195,6 +216,7 @@ class AppliedMemory:
             self._save()
 
     def _save(self) -> None:
+        self.revision += 1
         if self._path is None:
             return
         doc = {"written": self._written, "restarted": self._restarted}

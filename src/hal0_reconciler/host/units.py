@@ -19,9 +19,9 @@ import heapq
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from hal0_reconciler import _log, errors, lifecycle
+from hal0_reconciler import _log, errors, lifecycle, threadname
 from hal0_reconciler.host import proc
 from hal0_reconciler.host.restart_flow import (
     Later,
@@ -145,8 +145,9 @@ class Restarter(lifecycle.StartStop):
         self.results: Counter[RestartResult] = Counter()
         self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
+        self.on_change: Callable[[], None] | None = None  # told at each bump (the main loop)
         self._threads = [
-            threading.Thread(
+            threadname.NamedThread(
                 target=self._run,
                 args=(n,),
                 name="hal0-restarter" if n == 0 else f"hal0-restarter-{n + 1}",
@@ -365,6 +366,8 @@ class Restarter(lifecycle.StartStop):
             if shown != self._shown:  # what status shows of the restarts changed
                 self._shown = shown
                 self.revision += 1
+                if self.on_change is not None:
+                    self.on_change()
             if isinstance(result, Later):
                 if request.token not in self._pending:  # a newer request is due sooner
                     self._put(request, time.monotonic() + result.delay)

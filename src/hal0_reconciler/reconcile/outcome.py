@@ -78,6 +78,7 @@ class PassReport:
 
     outcomes: tuple[Outcome, ...]
     duration: float
+    held: tuple[Outcome, ...] = ()  # unreadable files read at once after a close: not reported
 
     # looked at several times per pass (the daemon, the CLI): each filtered once, 10k outcomes
     @functools.cached_property

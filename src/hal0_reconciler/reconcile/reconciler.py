@@ -104,8 +104,13 @@ class Reconciler:
         *,
         hands_off: Collection[SlotKey] = frozenset(),
         apply: bool = True,
+        doubtful: Collection[SlotKey] = frozenset(),
     ) -> PassReport:
-        """Reconcile the given slot files (default: every slot). ``apply=False`` is a dry run."""
+        """Reconcile the given slot files (default: every slot). ``apply=False`` is a dry run.
+
+        ``doubtful``: files read the instant their writer closed them; one that cannot be read
+        is not reported (nor shown) but handed back in ``PassReport.held``, to be looked at
+        again after a settle window (its writer may not be done)."""
         started = time.monotonic()
         judge = self._judge(facts)
         if apply:
@@ -129,9 +134,16 @@ class Reconciler:
         for at in made:
             o = done[at]
             self._seen.note_outcome(o.key, o, apply=apply, keep=o.status in SAME)
+        new = [done[at] for at in made]
+        held: list[Outcome] = []
+        if doubtful:
+            held = [o for o in new if _held(o, doubtful)]
+            if held:
+                new = [o for o in new if not _held(o, doubtful)]
+                done = [o for o in done if not _held(o, doubtful)]
         if facts.amd and apply:
-            self._reports.report_new([done[at] for at in made], facts)
-        return PassReport(tuple(done), time.monotonic() - started)
+            self._reports.report_new(new, facts)
+        return PassReport(tuple(done), time.monotonic() - started, held=tuple(held))
 
     def _judge(self, facts: HostFacts) -> Judge:
         """What every verdict of this pass depends on besides the file, read now: when it
@@ -216,3 +228,7 @@ class Reconciler:
         """A slot file went away: forget what was reported about it."""
         self._reports.forget(key)
         self._seen.forget(key)
+
+
+def _held(o: Outcome, doubtful: Collection[SlotKey]) -> bool:
+    return o.status is OutcomeStatus.UNREADABLE and o.key in doubtful
