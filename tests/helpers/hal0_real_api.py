@@ -126,6 +126,7 @@ class RealHal0Api(lifecycle.StartStop):
         self.extra_env = env or {}
         self.port = 0
         self.started_in = 0.0
+        self.boot_errors: list[str] = []  # what each health poll before the first 200 met
         self.log_path = home / "hal0-serve.log"
         self.slots = home / "etc/hal0/slots"
         self._work = home / ".namespace"
@@ -216,9 +217,14 @@ class RealHal0Api(lifecycle.StartStop):
         while time.monotonic() - began < START_TIMEOUT:
             if self._proc.poll() is not None:
                 return f"exited {self._proc.returncode}: {self.log_tail()}"
-            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-                if self.request("GET", "/api/health", timeout=2).status == 200:
+            try:
+                status = self.request("GET", "/api/health", timeout=2).status
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self.boot_errors.append(type(exc).__name__)
+            else:
+                if status == 200:
                     return ""
+                self.boot_errors.append(f"HTTP {status}")
             time.sleep(0.2)
         return f"no answer to GET /api/health within {START_TIMEOUT:g}s: {self.log_tail()}"
 

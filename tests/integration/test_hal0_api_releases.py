@@ -32,6 +32,9 @@ pytestmark = pytest.mark.timeout(300)
 KEY = "k3y-for-tests"
 CLIENT_KEY = "client-k3y"
 NO_AUTH = frozenset({"0.9.8"})  # 0.9.8 has no api/auth.py: nothing is ever refused
+# From 1.6.0 hal0 marks a job file it has not run itself (left by an earlier hal0-api) failed,
+# ``api_restarted``, when its status is asked; earlier releases serve it as it is.
+MARKS_FOREIGN_JOBS = frozenset(RELEASES[RELEASES.index("1.6.0") :])
 PINS_ERA = frozenset(RELEASES[RELEASES.index("1.4.0") :])  # a load without a manifest: 500 pins
 NO_MODEL = 'name = "{name}"\ntype = "llm"\ndevice = "gpu-vulkan"\nport = {port}\n'
 WITH_MODEL = NO_MODEL.replace("gpu-vulkan", "cpu") + '\n[model]\ndefault = "m"\n'
@@ -221,8 +224,20 @@ def test_a_running_update_job_file_hal0_serves_holds_the_restart(open_api, daemo
     assert [] == open_api.access_log()[before:], "nothing is asked of hal0 during an update"
     served = open_api.request("GET", f"/api/updates/status/{job_id}")
     assert (200, job_id) == (served.status, served.body["id"]), "hal0 serves that very file"
-    job.write_text(json.dumps({"id": job_id, "state": "applied", "phase": "done"}))
+    on_disk = json.loads(job.read_text())
+    if open_api.version in MARKS_FOREIGN_JOBS:  # not this hal0-api's job: marked interrupted
+        assert ("failed", "api_restarted") == (on_disk["state"], on_disk.get("error_code"))
+    else:
+        assert "running" == on_disk["state"] == served.body["state"]
+        job.write_text(json.dumps({"id": job_id, "state": "applied", "phase": "done"}))
     assert RestartResult.NEXT_LOAD == _step(daemon_settings(open_api), "agent")
+
+
+def test_hal0_refuses_connections_while_it_boots(open_api) -> None:
+    """Until it serves, every connection to hal0-api is refused (what the daemon reads as
+    "hal0-api is starting": wait, never stop a slot); never an HTTP error or a silent socket."""
+    assert open_api.boot_errors, "the first look came after the boot"
+    assert {"ConnectionRefusedError"} == set(open_api.boot_errors)
 
 
 # -- with an admin key (HAL0_ADMIN_KEY, require_auth on) -----------------------------------------
