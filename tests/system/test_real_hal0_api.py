@@ -1,8 +1,9 @@
 """hal0's real API as a systemd unit: a relabelled slot restarted through it, end to end.
 
 A booted Debian 12 (systemd 252) with the package installed, and a published hal0 release
-installed where hal0 installs itself (``/usr/lib/hal0/venv``, FHS paths: ``/etc/hal0/slots``,
-``/var/lib/hal0``; ``/usr/lib/hal0/current/VERSION``), run by a ``hal0-api.service`` unit.
+(1.3.0, the last allowlist one, and 1.7.0, the newest) installed where hal0 installs itself
+(``/usr/lib/hal0/venv``, FHS paths: ``/etc/hal0/slots``, ``/var/lib/hal0``;
+``/usr/lib/hal0/current/{VERSION,manifest.json}``), run by a ``hal0-api.service`` unit.
 hal0 needs Python >= 3.12 and Debian 12 has 3.11: the release's test venv is bound in together
 with the Python 3.12 it was built with (built on Debian 12, so it runs in this root), which
 stands in for the Debian 13 root of the plan. No podman and no model here: the slot's unit
@@ -42,9 +43,25 @@ from system.test_in_systemd import (
 
 pytestmark = pytest.mark.timeout(900)
 
-# The newest release whose slot load needs no runner manifest (1.4+ read their runner images
-# from a manifest.json that the wheel does not ship).
-RELEASE = "1.3.0"
+# The last allowlist release and the newest (pins era: its runner images come from
+# /usr/lib/hal0/current/manifest.json, which the wheel does not ship: MANIFEST is written).
+RELEASES = ("1.3.0", "1.7.0")
+MANIFEST = {
+    "runners": {
+        "standard": {
+            "image": "ghcr.io/hal0ai/hal0-standard",
+            "tag": "test",
+            "digest": None,
+            "lanes_gated": ["vulkan"],
+        },
+        "cpu": {
+            "image": "ghcr.io/hal0ai/hal0-cpu",
+            "tag": "test",
+            "digest": None,
+            "lanes_gated": [],
+        },
+    }
+}
 VENV = "/usr/lib/hal0/venv"
 MODEL_SERVER = r'''#!/usr/bin/python3
 """llama-server's surface that hal0 uses, for the slot named in argv[1] (its port from the
@@ -97,7 +114,7 @@ ExecStartPre=/bin/mkdir -p /run/fake-model/busy
 ExecStart=/usr/local/bin/fake-model-server %i
 """
 API_UNIT = f"""[Unit]
-Description=hal0 API (the real hal0ai {RELEASE})
+Description=hal0 API (a real hal0ai release)
 After=network.target
 
 [Service]
@@ -137,10 +154,13 @@ def _venv_python_home(venv: Path) -> Path:
     raise RuntimeError(msg)
 
 
-@pytest.fixture(scope="module")
-def real_box(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nspawn.Container]:
-    hal0_real_api.skip_or_fail(RELEASE)
-    venv = hal0_releases.cache_dir() / f"venv-{RELEASE}"
+@pytest.fixture(scope="module", params=RELEASES)
+def real_box(
+    request: pytest.FixtureRequest, deb: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[nspawn.Container]:
+    release = request.param
+    hal0_real_api.skip_or_fail(release)
+    venv = hal0_releases.cache_dir() / f"venv-{release}"
     python_home = _venv_python_home(venv)
     root = rootfs.ensure()
     files = tmp_path_factory.mktemp("files")
@@ -152,10 +172,12 @@ def real_box(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ns
         log_path=files.parent / "console.log",
     )
     box.dev = FakeDev(dev)  # type: ignore[attr-defined]
+    box.release = release  # type: ignore[attr-defined]
     try:
         box.boot()
         box.run(f"apt install -y {FILES}/{deb.name}", timeout=120)
-        box.write("/usr/lib/hal0/current/VERSION", f"{RELEASE}\n")
+        box.write("/usr/lib/hal0/current/VERSION", f"{release}\n")
+        box.write("/usr/lib/hal0/current/manifest.json", json.dumps(MANIFEST, indent=2))
         box.write("/usr/local/bin/fake-model-server", MODEL_SERVER, mode="0755")
         box.write("/usr/local/bin/podman", PODMAN, mode="0755")
         box.write("/etc/systemd/system/hal0-slot@.service", SLOT_UNIT)
@@ -208,18 +230,17 @@ def test_a_relabelled_slot_is_restarted_through_the_real_hal0_api(real_box) -> N
     box.write(f"{SLOTS}/chat.toml", _slot("chat", 8090))
     box.run("systemctl start hal0-slot@chat")
     _hal0_up(box)
-    assert {"status": "ok", "name": "hal0", "version": RELEASE} == _api(box, "GET", "/api/health")[
-        1
-    ]
+    health = _api(box, "GET", "/api/health")[1]
+    assert {"status": "ok", "name": "hal0", "version": box.release} == health
     wait_until("hal0 adopting the running slot", lambda: _state(box, "chat") == "ready", 30)
     metrics = _api(box, "GET", "/api/slots/metrics")[1]
     assert isinstance(metrics, dict)
     assert (0, 0) == (metrics["chat"]["requests_processing"], metrics["chat"]["requests_deferred"])
     before = show(box, "hal0-slot@chat")["InvocationID"]
+    assert "gpu-vulkan" == device_of(box, "chat"), "hal0's boot pass kept it (capable)"
+    box.write(f"{SLOTS}/chat.toml", _slot("chat", 8090, pin=NOT_CAPABLE))
     configure(box, amd_settings(**FAST))
     since = invocation(box)
-    assert "gpu-vulkan" == device_of(box, "chat"), "hal0's bundled image is capable: kept"
-    box.write(f"{SLOTS}/chat.toml", _slot("chat", 8090, pin=NOT_CAPABLE))
     wait_until("the relabel", lambda: device_of(box, "chat") == "cpu", 30)
     wait_until(
         "hal0 restarting hal0-slot@chat",
