@@ -12,6 +12,7 @@ makes that copy of a tree for hal0's reference run, the original stays for the r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hal0_reconciler import settings
 from helpers import hal0_releases
 
 SITE = f"usr/lib/hal0/venv/lib/python{hal0_releases.PYTHON_MINOR}/site-packages"
@@ -88,7 +90,8 @@ def install_tree(
 
 def settings_toml(root: Path, state: Path) -> str:
     """The reconciler's settings file for a tree (every hal0 path a setting pointing into it;
-    the reconciler's own folders under ``state``)."""
+    the reconciler's own folders under ``state``). A setting the reconciler under test does
+    not have (an older checkout) is left out."""
     values = {
         "slots_dir": root / "etc/hal0/slots",
         "profiles_file": root / "etc/hal0/profiles.toml",
@@ -103,7 +106,10 @@ def settings_toml(root: Path, state: Path) -> str:
         "kfd_path": root / "dev/kfd",
         "dri_dir": root / "dev/dri",
         "amdgpu_module_dir": root / "sys/module/amdgpu",
+        "restore_marker": root / "var/lib/hal0" / RESTORE_MARKER,  # from 0.3.0
     }
+    known = {f.name for f in dataclasses.fields(settings.Settings)}
+    values = {key: value for key, value in values.items() if key in known}
     return "".join(f'{key} = "{value}"\n' for key, value in values.items())
 
 

@@ -164,6 +164,7 @@ def main() -> int:
     steps: list[str] = []
     out, sys.stdout = sys.stdout, sys.stderr  # hal0's log lines never mix into the answer
     try:
+        original = {p.name: _device(_merged(p)) for p in sorted(slots_dir.glob("*.toml"))}
         try:
             _before_relabel(steps)
         except Exception as exc:
@@ -178,6 +179,7 @@ def main() -> int:
     slots = {
         p.name: {
             "device": _device(_merged(p)),  # what hal0 launches after its boot passes
+            "original": original.get(p.name),  # ... and before them
             "before_relabel": _device(views.get(p.name, "")),
             "launch_path_judged": judged.get(p.name),
             "unreadable": views[p.name] if isinstance(views.get(p.name), str) else None,

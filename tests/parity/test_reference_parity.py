@@ -9,11 +9,13 @@ documented deliberate differences below, each recognised by a condition that hol
 it and counted apart.
 
 Against another checkout: ``PYTHONPATH=<checkout>/src`` (the reconciler of the test process
-and of every ``plan`` it runs).
+and of every ``plan`` it runs). ``HAL0_PARITY_REPORT=<file>`` appends every disagreement line
+to that file.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import tomllib
@@ -50,6 +52,7 @@ class Seen:
     manifest_error: bool  # 1.4+: hal0 finds its manifest missing or invalid
     split: bool  # the slot's keys are split between the top level and [slot]
     both_vulkan: bool  # both tables say device = "gpu-vulkan"
+    why: str  # the reconciler's action and reason, for the disagreement lines
 
 
 # The documented deliberate differences (docs/rule.md; decisions-0.3.md), in ONE place: each a
@@ -120,13 +123,15 @@ def _run_box(
     usable: bool,
 ) -> list[Seen]:
     work = Path(tempfile.mkdtemp(prefix=f"parity-{release.version}-"))
+    home = Path(tempfile.mkdtemp(prefix=f"parity-{release.version}-", dir=harness.SCRATCH))
     try:
         root = harness.build(work / "root", release, box, wheel_cache=wheel_cache)
         texts = {p.name: p.read_text(encoding="utf-8") for p in (root / "etc/hal0/slots").iterdir()}
-        ref = harness.reference(python, root, work / "hal0-home", usable=usable)
+        ref = harness.reference(python, root, home / "hal0-home", usable=usable)
         ours = harness.plan(root, work / "reconciler", usable=usable)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
     seen = []
     for name, device in sorted(ref.devices.items()):
         split, both = _shape(texts[name])
@@ -135,13 +140,14 @@ def _run_box(
                 box=box,
                 slot=name,
                 hal0=device,
-                ours=ours.devices.get(name),
+                ours=ours.verdict(name, ref.original[name]),
                 before=ref.before[name],
                 launch_judged=ref.launch_judged[name],
                 stopped=ref.stopped is not None,
                 manifest_error=ref.manifest_error is not None,
                 split=split,
                 both_vulkan=both,
+                why=f"{ours.actions.get(name)} {ours.reasons.get(name)}",
             )
         )
     return seen
@@ -179,11 +185,14 @@ def test_plan_agrees_with_hal0s_boot_sequence(
             if kind == "disagree":
                 disagreements.append(
                     f"{release.version} {lane} {s.box.name}/{s.slot}: hal0 launches {s.hal0}, "
-                    f"ours {s.ours} (before hal0's relabel {s.before}, hal0's predicates on "
-                    f"the launch path {s.launch_judged})"
+                    f"ours {s.ours} ({s.why}; before hal0's relabel {s.before}, hal0's "
+                    f"predicates on the launch path {s.launch_judged})"
                 )
         _record(release, lane, _box, counts)
     _report(release)
+    if report := os.environ.get("HAL0_PARITY_REPORT"):
+        with Path(report).open("a", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in disagreements)
     assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(
         disagreements[:200]
     )
