@@ -3,7 +3,7 @@
 Every release of the list is unpacked from its real wheel where an install puts it; ``probe
 --json`` and ``plan --json`` must name the release and the era the list gives it (decisions 7
 and 12: the ``rule`` axis is ``pre-rule``, ``allowlist``, ``pins`` or ``not-placeable``, and
-``release`` names the installed release). The placements of decision 7 that are not a plain
+``release`` names the known release whose rules apply, ``version`` what is installed). The placements of decision 7 that are not a plain
 install are checked on the same real code: no ``VERSION`` (the dist-info names the release), a
 nightly (its base release), two ``python3.*`` folders (the one whose dist-info matches
 ``VERSION``), a release newer than any known on the newest era's code (the newest rules), and
@@ -36,11 +36,7 @@ def _wheel(release: hal0_releases.Release) -> None:
         pytest.skip(str(exc))
 
 
-def _tree(root: Path, release: hal0_releases.Release, wheel_cache: Path) -> Path:
-    _wheel(release)
-    slot = '[slot]\ndevice = "gpu-vulkan"\n'
-    case = hal0_install.InstallCase(slots={"chat.toml": slot})
-    return hal0_install.install_tree(root, release, case, wheel_cache=wheel_cache)
+CASE = hal0_install.InstallCase(slots={"chat.toml": '[slot]\ndevice = "gpu-vulkan"\n'})
 
 
 def _run(root: Path, verb: str) -> dict[str, Any]:
@@ -76,37 +72,36 @@ def _placed(doc: dict[str, Any]) -> tuple[object, object]:
 @pytest.mark.parametrize("release", parity.RELEASES, ids=parity.release_ids())
 @pytest.mark.parametrize("verb", ["probe", "plan"])
 def test_each_release_is_placed_in_its_era(
-    release: hal0_releases.Release, verb: str, tmp_path: Path, wheel_cache: Path
+    release: hal0_releases.Release, verb: str, installed_hal0: parity.InstallHal0
 ) -> None:
-    root = _tree(tmp_path / "root", release, wheel_cache)
+    root = installed_hal0(release, CASE)
     assert _placed(_run(root, verb)) == (release.era, release.version)
 
 
 @pytest.mark.parametrize("release", parity.RELEASES, ids=parity.release_ids())
 def test_without_version_the_dist_info_names_the_release(
-    release: hal0_releases.Release, tmp_path: Path, wheel_cache: Path
+    release: hal0_releases.Release, installed_hal0: parity.InstallHal0
 ) -> None:
-    root = _tree(tmp_path / "root", release, wheel_cache)
+    root = installed_hal0(release, CASE)
     (root / "usr/lib/hal0/current/VERSION").unlink()
     assert _placed(_run(root, "probe")) == (release.era, release.version)
 
 
-def test_a_nightly_is_judged_as_its_base_release(tmp_path: Path, wheel_cache: Path) -> None:
-    root = _tree(tmp_path / "root", NEWEST, wheel_cache)
+def test_a_nightly_is_judged_as_its_base_release(installed_hal0: parity.InstallHal0) -> None:
+    root = installed_hal0(NEWEST, CASE)
     (root / "usr/lib/hal0/current/VERSION").write_text(f"{NEWEST.version}.dev20261115\n")
-    rule, release = _placed(_run(root, "probe"))
-    assert rule == NEWEST.era
-    assert isinstance(release, str)
-    assert release.startswith(NEWEST.version)
+    doc = _run(root, "probe")
+    assert _placed(doc) == (NEWEST.era, NEWEST.version)
+    assert doc["hal0"]["version"] == f"{NEWEST.version}.dev20261115"
 
 
 def test_of_two_python_folders_the_one_matching_version_is_read(
-    tmp_path: Path, wheel_cache: Path
+    installed_hal0: parity.InstallHal0, wheel_cache: Path
 ) -> None:
     """The newest release's code in python3.12 (VERSION names it), the oldest's in a
     leftover python3.13 folder: the era is the newest's, never the leftover's."""
     oldest = parity.RELEASES[0]
-    root = _tree(tmp_path / "root", NEWEST, wheel_cache)
+    root = installed_hal0(NEWEST, CASE)
     _wheel(oldest)
     leftover = root / "usr/lib/hal0/venv/lib/python3.13/site-packages"
     shutil.copytree(
@@ -119,18 +114,23 @@ def test_of_two_python_folders_the_one_matching_version_is_read(
 
 
 def test_a_release_newer_than_known_on_the_newest_code_gets_the_newest_rules(
-    tmp_path: Path, wheel_cache: Path
+    installed_hal0: parity.InstallHal0,
 ) -> None:
-    root = _tree(tmp_path / "root", NEWEST, wheel_cache)
+    root = installed_hal0(NEWEST, CASE)
     (root / "usr/lib/hal0/current/VERSION").write_text("99.0.0\n")
-    assert _placed(_run(root, "probe")) == (NEWEST.era, "99.0.0")
+    doc = _run(root, "probe")
+    assert _placed(doc) == (NEWEST.era, NEWEST.version)  # the rules of the newest known
+    assert doc["hal0"]["version"] == "99.0.0"
+    assert "99.0.0" in json.dumps(doc["hal0"]["summary"])  # said, not silently renamed
 
 
-def test_code_of_no_known_release_is_not_placeable(tmp_path: Path, wheel_cache: Path) -> None:
+def test_code_of_no_known_release_is_not_placeable(
+    installed_hal0: parity.InstallHal0, wheel_cache: Path
+) -> None:
     """The newest release with the last allowlist release's ``config/schema.py`` in it (its
     ``VULKAN_CAPABLE_IMAGE_REFS`` beside ``runners/pins.py``): no release has that structure."""
     allowlist = [r for r in parity.RELEASES if r.era == "allowlist"][-1]
-    root = _tree(tmp_path / "root", NEWEST, wheel_cache)
+    root = installed_hal0(NEWEST, CASE)
     _wheel(allowlist)
     schema = root / hal0_install.SITE / "hal0/config/schema.py"
     schema.unlink()
