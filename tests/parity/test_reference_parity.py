@@ -46,6 +46,7 @@ class Seen:
     slot: str
     hal0: str | None  # the device hal0 launches after its boot passes
     ours: str | None  # the device the reconciler's verdict leaves (None: no verdict)
+    original: str | None  # the device the slot launched on before hal0's boot passes
     before: str | None  # the launched device as hal0's passes before its relabel leave it
     launch_judged: str | None  # hal0's relabel predicates applied to the launch path's view
     stopped: bool  # hal0's boot passes stopped before the relabel
@@ -142,6 +143,7 @@ def _run_box(
                 slot=name,
                 hal0=device,
                 ours=ours.verdict(name, ref.original[name]),
+                original=ref.original[name],
                 before=ref.before[name],
                 launch_judged=ref.launch_judged[name],
                 stopped=ref.stopped is not None,
@@ -183,6 +185,7 @@ def test_plan_agrees_with_hal0s_boot_sequence(
         for s in seen:
             kind = _classify(s)
             counts[kind or "agree"] += 1
+            counts[MOVED] += s.hal0 != s.original
             if kind == "disagree":
                 disagreements.append(
                     f"{release.version} {lane} {s.box.name}/{s.slot}: hal0 launches {s.hal0}, "
@@ -191,6 +194,9 @@ def test_plan_agrees_with_hal0s_boot_sequence(
                 )
         _record(release, lane, _box, counts)
     _report(release)
+    for lane in LANES:  # the reference did its job: hal0 moved slots exactly where it can
+        moved = _TOTALS[release.version, lane][MOVED]
+        assert (moved > 0) == (release.era != "pre-rule"), f"{lane}: hal0 moved {moved} slots"
     if report := os.environ.get("HAL0_PARITY_REPORT"):
         with Path(report).open("a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in disagreements)
@@ -200,6 +206,8 @@ def test_plan_agrees_with_hal0s_boot_sequence(
 
 
 _TOTALS: dict[tuple[str, str], Counter[str]] = {}
+MOVED = "(hal0 moved)"  # slots hal0's boot passes moved to another device: not a verdict kind
+LANES = ("rocm-usable", "rocm-unusable")
 
 
 def _record(release: hal0_releases.Release, lane: str, _box: corpus.Box, c: Counter[str]) -> None:
@@ -207,13 +215,14 @@ def _record(release: hal0_releases.Release, lane: str, _box: corpus.Box, c: Coun
 
 
 def _report(release: hal0_releases.Release) -> None:
-    for lane in ("rocm-usable", "rocm-unusable"):
+    for lane in LANES:
         c = _TOTALS.get((release.version, lane), Counter())
-        compared = sum(c.values())
+        compared = sum(n for kind, n in c.items() if kind != MOVED)
         deliberate = ", ".join(f"{k}: {c[k]}" for k in DELIBERATE if c[k]) or "none"
         parity.FIGURES.append(
             f"hal0 {release.version} {lane}: {compared} verdicts compared, {c['agree']} agree, "
-            f"{c['disagree']} disagree; deliberate differences: {deliberate}"
+            f"{c['disagree']} disagree; deliberate differences: {deliberate}; hal0 moved "
+            f"{c[MOVED]}"
         )
 
 
