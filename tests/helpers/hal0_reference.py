@@ -1,6 +1,7 @@
 """hal0's own judgement of a slot set: run by a release's venv python, one process per tree.
 
-Usage: ``<venv>/bin/python hal0_reference.py HOME LANE`` (LANE ``usable``/``unusable``).
+Usage: ``<venv>/bin/python hal0_reference.py HOME LANE [--no-relabel]`` (LANE ``usable`` or
+``unusable``; ``--no-relabel``: the passes before the relabel and hal0's predicates only).
 
 It does what hal0-api does at boot (``check_outstanding_migrations`` ->
 ``run_post_activation_migrations``), limited to the passes that touch slot files, in hal0's
@@ -172,7 +173,7 @@ def main() -> int:
         views = {p.name: _merged(p) for p in sorted(slots_dir.glob("*.toml"))}
         judged = {name: _launch_path_judged(view, lane_usable) for name, view in views.items()}
         manifest_error = _manifest_error()
-        if stopped is None:
+        if stopped is None and "--no-relabel" not in sys.argv[3:]:
             _relabel(steps, lane_usable)
     finally:
         sys.stdout = out

@@ -60,9 +60,16 @@ class Reference:
     manifest_error: str | None  # 1.4+: hal0's own verdict on the manifest it reads
 
 
-def reference(python: Path, root: Path, home: Path, *, usable: bool) -> Reference:
+def reference(
+    python: Path, root: Path, home: Path, *, usable: bool, hal0_toml: str | None = None
+) -> Reference:
+    """hal0's boot passes on a copy of ``root``; with ``hal0_toml`` (that file replaced in the
+    copy) only the passes before the relabel and hal0's predicates on what launches."""
     hal0_install.hal0_home_copy(root, home)
     argv = [str(python), str(REFERENCE), str(home), "usable" if usable else "unusable"]
+    if hal0_toml is not None:
+        (home / "etc/hal0/hal0.toml").write_text(hal0_toml, encoding="utf-8")
+        argv.append("--no-relabel")
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=TIMEOUT, env=_clean_env(), check=False
     )
