@@ -12,15 +12,16 @@ makes that copy of a tree for hal0's reference run, the original stays for the r
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hal0_reconciler import settings
 from helpers import hal0_releases
 
 SITE = f"usr/lib/hal0/venv/lib/python{hal0_releases.PYTHON_MINOR}/site-packages"
@@ -108,9 +109,21 @@ def settings_toml(root: Path, state: Path) -> str:
         "amdgpu_module_dir": root / "sys/module/amdgpu",
         "restore_marker": root / "var/lib/hal0" / RESTORE_MARKER,  # from 0.3.0
     }
-    known = {f.name for f in dataclasses.fields(settings.Settings)}
+    known = _known_settings()
     values = {key: value for key, value in values.items() if key in known}
     return "".join(f'{key} = "{value}"\n' for key, value in values.items())
+
+
+@functools.cache
+def _known_settings() -> frozenset[str]:
+    """The settings of the reconciler the tests run (``python -m hal0_reconciler`` with this
+    environment: ``PYTHONPATH`` may name another checkout than the test process imports)."""
+    code = "import dataclasses as d, hal0_reconciler.settings as s\n"
+    code += "print(' '.join(f.name for f in d.fields(s.Settings)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return frozenset(done.stdout.split())
 
 
 def hal0_home_copy(root: Path, dest: Path) -> Path:
