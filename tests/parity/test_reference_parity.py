@@ -9,8 +9,12 @@ documented deliberate differences below, each recognised by a condition that hol
 it and counted apart.
 
 Against another checkout: ``PYTHONPATH=<checkout>/src`` (the reconciler every ``plan`` runs,
-and whose settings the trees' settings files are written for). ``HAL0_PARITY_REPORT=<file>`` appends every disagreement line
-to that file.
+and whose settings the trees' settings files are written for). ``HAL0_PARITY_REPORT=<file>``
+appends every disagreement line to that file.
+
+Batching: hal0 reads its manifest once per process and its relabel rewrites the files, so each
+box and lane gets its own tree copy and its own hal0 process (26 per release, 28 with the box
+whose hal0.toml is also judged cut to [slots]); boxes run two at a time.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import pytest
 
 from helpers import hal0_releases
 
-JOBS = 2  # the machine's cores: a box's two processes run one after the other
+JOBS = 2  # boxes at a time (the machine's cores); a box's processes run one after the other
 
 # The slot keys whose table matters (hal0's launch path overlays [slot] on the top level).
 _KEYS = frozenset({"device", "image_pin", "binary", "type", "provider", "profile", "backend"})
