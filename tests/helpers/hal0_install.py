@@ -12,8 +12,11 @@ makes that copy of a tree for hal0's reference run, the original stays for the r
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,7 +91,8 @@ def install_tree(
 
 def settings_toml(root: Path, state: Path) -> str:
     """The reconciler's settings file for a tree (every hal0 path a setting pointing into it;
-    the reconciler's own folders under ``state``)."""
+    the reconciler's own folders under ``state``). A setting the reconciler under test does
+    not have (an older checkout) is left out."""
     values = {
         "slots_dir": root / "etc/hal0/slots",
         "profiles_file": root / "etc/hal0/profiles.toml",
@@ -103,8 +107,23 @@ def settings_toml(root: Path, state: Path) -> str:
         "kfd_path": root / "dev/kfd",
         "dri_dir": root / "dev/dri",
         "amdgpu_module_dir": root / "sys/module/amdgpu",
+        "restore_marker": root / "var/lib/hal0" / RESTORE_MARKER,  # from 0.3.0
     }
+    known = _known_settings()
+    values = {key: value for key, value in values.items() if key in known}
     return "".join(f'{key} = "{value}"\n' for key, value in values.items())
+
+
+@functools.cache
+def _known_settings() -> frozenset[str]:
+    """The settings of the reconciler the tests run (``python -m hal0_reconciler`` with this
+    environment: ``PYTHONPATH`` may name another checkout than the test process imports)."""
+    code = "import dataclasses as d, hal0_reconciler.settings as s\n"
+    code += "print(' '.join(f.name for f in d.fields(s.Settings)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return frozenset(done.stdout.split())
 
 
 def hal0_home_copy(root: Path, dest: Path) -> Path:

@@ -1,6 +1,7 @@
 """hal0's own judgement of a slot set: run by a release's venv python, one process per tree.
 
-Usage: ``<venv>/bin/python hal0_reference.py HOME LANE`` (LANE ``usable``/``unusable``).
+Usage: ``<venv>/bin/python hal0_reference.py HOME LANE [--no-relabel]`` (LANE ``usable`` or
+``unusable``; ``--no-relabel``: the passes before the relabel and hal0's predicates only).
 
 It does what hal0-api does at boot (``check_outstanding_migrations`` ->
 ``run_post_activation_migrations``), limited to the passes that touch slot files, in hal0's
@@ -164,6 +165,7 @@ def main() -> int:
     steps: list[str] = []
     out, sys.stdout = sys.stdout, sys.stderr  # hal0's log lines never mix into the answer
     try:
+        original = {p.name: _device(_merged(p)) for p in sorted(slots_dir.glob("*.toml"))}
         try:
             _before_relabel(steps)
         except Exception as exc:
@@ -171,13 +173,14 @@ def main() -> int:
         views = {p.name: _merged(p) for p in sorted(slots_dir.glob("*.toml"))}
         judged = {name: _launch_path_judged(view, lane_usable) for name, view in views.items()}
         manifest_error = _manifest_error()
-        if stopped is None:
+        if stopped is None and "--no-relabel" not in sys.argv[3:]:
             _relabel(steps, lane_usable)
     finally:
         sys.stdout = out
     slots = {
         p.name: {
             "device": _device(_merged(p)),  # what hal0 launches after its boot passes
+            "original": original.get(p.name),  # ... and before them
             "before_relabel": _device(views.get(p.name, "")),
             "launch_path_judged": judged.get(p.name),
             "unreadable": views[p.name] if isinstance(views.get(p.name), str) else None,

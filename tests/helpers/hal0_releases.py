@@ -1,6 +1,6 @@
 """hal0's published releases for the tests: the list, the wheels, a venv per release.
 
-The list (``tests/data/hal0-releases.txt``: version and the wheel's sha256 per line) is the
+The list (``tests/data/hal0-releases.txt``: version, the wheel's sha256 and the era per line) is the
 project's; the wheels are hal0's and live only in the test cache,
 ``${HAL0_TEST_CACHE:-/var/cache/hal0-reconciler-tests}/hal0ai``: ``wheels/`` as ``pip download``
 leaves them, and ``venv-<version>/`` a Python 3.12+ venv with that wheel installed, complete when
@@ -39,6 +39,7 @@ class ReleaseUnavailableError(Exception):
 class Release:
     version: str
     sha256: str
+    era: str  # the rule it judges Vulkan slots by: pre-rule, allowlist, pins
 
     @property
     def wheel_name(self) -> str:
@@ -51,8 +52,8 @@ def releases(path: Path = RELEASES_FILE) -> tuple[Release, ...]:
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
-            version, digest = line.split()
-            out.append(Release(version, digest.lower()))
+            version, digest, era = line.split()
+            out.append(Release(version, digest.lower(), era))
     return tuple(out)
 
 

@@ -159,6 +159,9 @@ def _default_images(**images: str) -> str:
     return f"[slots]\ndefault_images = {{ {table} }}\n"
 
 
+INVALID_TELEMETRY = '\n[telemetry]\nenabled = "maybe"\n'  # valid TOML, not a bool for hal0
+
+
 @dataclass(frozen=True)
 class Box:
     """One installed box's hal0 facts besides the code (``None``: the file is absent)."""
@@ -169,6 +172,9 @@ class Box:
     hal0_toml: str | None = None
     api_env: str | None = None
     restore_marker: bool = False  # an active one: ``version=`` the installed release
+    # hal0.toml's [slots] part when another section of it is invalid for hal0 (decision 5:
+    # hal0 then drops every default_images, the reconciler validates only [slots])
+    slots_part: str | None = None
 
 
 BOXES: tuple[Box, ...] = (
@@ -198,4 +204,10 @@ BOXES: tuple[Box, ...] = (
     Box("broken-hal0-toml", GATED, hal0_toml="[slots\ndefault_images = 1\n"),
     Box("unpublished-env-tag", UNPUBLISHED, api_env=f"HAL0_RUNNER_IMAGE_STANDARD= {PIN_TAG} \n"),
     Box("not-object-manifest", NOT_OBJECT, etc_manifest=EMPTY_RUNNERS),
+    Box(
+        "invalid-other-section",
+        GATED,
+        hal0_toml=_default_images(rocmfpx=USER_IMG) + INVALID_TELEMETRY,
+        slots_part=_default_images(rocmfpx=USER_IMG),
+    ),
 )

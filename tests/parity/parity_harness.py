@@ -23,6 +23,9 @@ from helpers import hal0_install, hal0_releases
 
 REFERENCE = Path(__file__).resolve().parent.parent / "helpers" / "hal0_reference.py"
 TIMEOUT = 120.0
+# hal0 fsyncs every file it writes: its copy goes to a memory filesystem when there is one
+SHM = Path("/dev/shm")
+SCRATCH = str(SHM) if SHM.is_dir() and os.access(SHM, os.W_OK) else None
 _ENV_DROP = ("HAL0_HOME", "HAL0_ALLOW_VULKAN_FALLBACK")
 
 
@@ -49,6 +52,7 @@ def build(
 @dataclass(frozen=True)
 class Reference:
     devices: dict[str, str | None]  # slot file -> the device hal0 launches after its boot passes
+    original: dict[str, str | None]  # ... before its boot passes
     before: dict[str, str | None]  # ... as its passes before the relabel leave it
     launch_judged: dict[str, str | None]  # hal0's relabel predicates on the launch path's view
     steps: list[str]
@@ -56,9 +60,16 @@ class Reference:
     manifest_error: str | None  # 1.4+: hal0's own verdict on the manifest it reads
 
 
-def reference(python: Path, root: Path, home: Path, *, usable: bool) -> Reference:
+def reference(
+    python: Path, root: Path, home: Path, *, usable: bool, hal0_toml: str | None = None
+) -> Reference:
+    """hal0's boot passes on a copy of ``root``; with ``hal0_toml`` (that file replaced in the
+    copy) only the passes before the relabel and hal0's predicates on what launches."""
     hal0_install.hal0_home_copy(root, home)
     argv = [str(python), str(REFERENCE), str(home), "usable" if usable else "unusable"]
+    if hal0_toml is not None:
+        (home / "etc/hal0/hal0.toml").write_text(hal0_toml, encoding="utf-8")
+        argv.append("--no-relabel")
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=TIMEOUT, env=_clean_env(), check=False
     )
@@ -69,6 +80,7 @@ def reference(python: Path, root: Path, home: Path, *, usable: bool) -> Referenc
     slots = doc["slots"]
     return Reference(
         devices={name: entry["device"] for name, entry in slots.items()},
+        original={name: entry["original"] for name, entry in slots.items()},
         before={name: entry["before_relabel"] for name, entry in slots.items()},
         launch_judged={name: entry["launch_path_judged"] for name, entry in slots.items()},
         steps=doc["steps"],
@@ -79,10 +91,18 @@ def reference(python: Path, root: Path, home: Path, *, usable: bool) -> Referenc
 
 @dataclass(frozen=True)
 class Plan:
-    devices: dict[str, str | None]  # slot file -> the device the reconciler's verdict leaves
+    new: dict[str, str | None]  # slot file -> the device a relabel verdict sets (None: kept)
+    reported: dict[str, str | None]  # ... the device plan reports the slot on now
     actions: dict[str, str | None]
     reasons: dict[str, str | None]
     doc: dict[str, Any]
+
+    def verdict(self, name: str, launched_now: str | None) -> str | None:
+        """The device the slot launches on after the verdict: a relabel's new device, else
+        the device it launches on now (the file is left as it is)."""
+        if name not in self.actions:
+            return "(no verdict)"
+        return self.new.get(name) or launched_now
 
 
 def plan(root: Path, state: Path, *, usable: bool) -> Plan:
@@ -100,13 +120,14 @@ def plan(root: Path, state: Path, *, usable: bool) -> Plan:
     except ValueError as exc:
         msg = f"plan --json gave no JSON (exit {done.returncode}): {done.stderr[-2000:]}"
         raise AssertionError(msg) from exc
-    devices: dict[str, str | None] = {}
+    new: dict[str, str | None] = {}
+    reported: dict[str, str | None] = {}
     actions: dict[str, str | None] = {}
     reasons: dict[str, str | None] = {}
     for slot in doc.get("slots") or []:
         name = Path(slot["path"]).name
         actions[name] = slot.get("action")
         reasons[name] = slot.get("reason")
-        new = slot.get("new") if slot.get("action") == "relabel" else None
-        devices[name] = new or slot.get("device")
-    return Plan(devices, actions, reasons, doc)
+        new[name] = slot.get("new") if slot.get("action") == "relabel" else None
+        reported[name] = slot.get("device")
+    return Plan(new, reported, actions, reasons, doc)

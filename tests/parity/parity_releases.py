@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import hal0_releases
+from helpers import hal0_install, hal0_releases
 
 RELEASES = hal0_releases.releases()
+# the ``installed_hal0`` fixture: (release, case) -> the root of a tree holding that release
+InstallHal0 = Callable[[hal0_releases.Release, hal0_install.InstallCase], Path]
 FIGURES: list[str] = []  # one line per release and lane, printed at the end of the run
 
 
