@@ -168,7 +168,8 @@ def real_box(
     dev = Path(tempfile.mkdtemp(prefix="hal0-nspawn-dev-"))
     box = nspawn.Container(
         root=root,
-        binds={files: FILES, dev: DEV, venv: VENV, python_home: str(python_home)},
+        binds={files: FILES, dev: DEV},
+        binds_ro={venv: VENV, python_home: str(python_home)},  # the shared test cache
         log_path=files.parent / "console.log",
     )
     box.dev = FakeDev(dev)  # type: ignore[attr-defined]
