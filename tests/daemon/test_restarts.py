@@ -44,7 +44,7 @@ def test_without_the_key_the_api_refuses_and_nothing_is_stopped(host: Host, noti
     assert [] == host.systemctl.actions()
     warning = next(e for e in logs if e["event"] == "unit.restart_failed")
     assert ("warning", "agent") == (warning["log_level"], warning["slot"])
-    assert "401 auth.required: admin key required" in warning["error"]  # hal0's error envelope
+    assert "401 auth.required: authentication required" in warning["error"]  # hal0's error envelope
 
 
 def test_fallback_none_leaves_the_unit_running(host: Host, notify_socket) -> None:

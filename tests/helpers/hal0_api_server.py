@@ -1,4 +1,9 @@
-"""A local stand-in for hal0-api that speaks the contract's API for real (timings scaled down).
+"""A local stand-in for hal0-api, for what the real one cannot show here (timings scaled down).
+
+The real releases run in ``test_hal0_api_releases.py``; without a model server they only show
+slots ``offline`` or in ``error``. This stand-in shows a slot really serving (live counters), a
+slow load and each failure, and answers in the newest release's shapes (same fields, status
+codes and error envelope; ``test_hal0_api_stand_in.py`` compares them with the real server):
 
 - ``POST /api/slots/{name}/restart`` (and ``/load``): synchronous like hal0's handler, it walks
   the slot through ``unloading → offline → starting → warming`` over ``restart_for`` seconds and
@@ -9,9 +14,13 @@
 - ``GET /api/slots/{name}/state`` and its SSE ``/state/stream``; ``GET /api/slots/{name}`` with
   ``metadata.message``; ``GET /api/slots/metrics`` with live counters, or without
   ``requests_deferred`` (a llama-server without ``--metrics``: ``requests_processing`` keeps 0).
-- ``GET /api/health``: 200, except that while ``boot_for`` runs the port is bound but not
-  listening, so every connection is refused, as hal0-api does during its migrations.
-- ``key``: every route but ``/api/health`` needs ``Authorization: Bearer <key>``.
+- ``GET /api/health``: 200 ``{"status", "name", "version"}``, except that while ``boot_for``
+  runs the port is bound but not listening, so every connection is refused, as hal0-api does
+  during its boot.
+- ``key``: every route but ``/api/health`` needs ``Authorization: Bearer <key>`` (else 401
+  ``auth.required``, as hal0 with require_auth on).
+- ``configured``: the slot names hal0 has files for (others: 404 ``slot.not_found``); by
+  default every name asked for is a configured slot, ready and idle.
 
 ``requests`` lists the lifecycle POSTs as (method, path, authorization); ``calls`` every request
 with its headers; ``at_once`` the slots being restarted at the start of each restart (that one
@@ -37,6 +46,19 @@ SANITY_MESSAGE = (
 )
 
 
+NO_MODEL_MESSAGE = "no default model — pick one from the dropdown"
+
+
+def _not_found(name: str) -> dict[str, object]:
+    return {
+        "error": {
+            "code": "slot.not_found",
+            "message": f"slot {name!r} is not configured",
+            "details": {"slot": name},
+        }
+    }
+
+
 def _error(code: str, message: str) -> dict[str, object]:
     """hal0's error envelope: ``{"error": {"code", "message", "details"}}``."""
     return {"error": {"code": code, "message": message, "details": {}}}
@@ -53,6 +75,7 @@ class Slot:
     restart_for: float = 0.0
     message: str = ""
     port: int = 8081
+    model_id: str | None = "m"  # None: no [model].default (a restart leaves it offline)
 
     def row(self, name: str) -> dict[str, object]:
         row: dict[str, object] = {"name": name, "mem_rss_mb": 1.0, "uptime_seconds": 5}
@@ -72,8 +95,18 @@ class Call:
 class Hal0Api(lifecycle.StartStop):
     """hal0-api on loopback. ``status``: answer every lifecycle POST with this error instead."""
 
-    def __init__(self, *, key: str | None = None, status: int = 200, boot_for: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        key: str | None = None,
+        status: int = 200,
+        boot_for: float = 0.0,
+        version: str = "1.7.0",
+        configured: tuple[str, ...] | None = None,
+    ) -> None:
         self.key = key
+        self.version = version
+        self.configured = configured
         self.status = status
         self.boot_for = boot_for
         self.requests: list[tuple[str, str, str | None]] = []
@@ -94,25 +127,27 @@ class Hal0Api(lifecycle.StartStop):
                 api._record(self)
                 parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")]
                 if parts == ["api", "health"]:
-                    self._answer(200, {"status": "ok"})
+                    self._answer(200, {"status": "ok", "name": "hal0", "version": api.version})
                 elif not api._authorized(self):
-                    self._answer(401, _error("auth.required", "admin key required"))
+                    self._answer(401, _error("auth.required", "authentication required"))
                 elif parts == ["api", "slots", "metrics"]:
                     with api.lock:
                         rows = {n: s.row(n) for n, s in api.slots.items()}
                     self._answer(200, rows)
+                elif (
+                    len(parts) in {3, 4, 5}
+                    and parts[:2] == ["api", "slots"]
+                    and api.unknown(parts[2])
+                ):
+                    self._answer(404, _not_found(parts[2]))
                 elif len(parts) == 4 and parts[:2] == ["api", "slots"] and parts[3] == "state":
                     self._answer(200, api._state_body(parts[2]))
                 elif len(parts) == 5 and parts[3:] == ["state", "stream"]:
                     self._stream(parts[2])
                 elif len(parts) == 3 and parts[:2] == ["api", "slots"]:
-                    body = api._state_body(parts[2])
-                    with api.lock:
-                        message = api.slot(parts[2]).message
-                    body["metadata"] = {"message": message, "provider": "llama-server"}
-                    self._answer(200, body)
+                    self._answer(200, api._slot_body(parts[2]))
                 else:
-                    self._answer(404, _error("system.not_found", "no such route"))
+                    self._answer(404, _error("system.http_404", "Not Found"))
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -128,10 +163,12 @@ class Hal0Api(lifecycle.StartStop):
                 if lifecycle_call:
                     with api.lock:
                         api.requests.append(("POST", self.path, auth))
-                if not lifecycle_call:
-                    self._answer(404, _error("slot.not_found", "no such slot"))
-                elif not api._authorized(self):
-                    self._answer(401, _error("auth.required", "admin key required"))
+                if not api._authorized(self):
+                    self._answer(401, _error("auth.required", "authentication required"))
+                elif not lifecycle_call:
+                    self._answer(404, _error("system.http_404", "Not Found"))
+                elif api.unknown(parts[2]):
+                    self._answer(404, _not_found(parts[2]))
                 elif api.status != 200:
                     self._answer(api.status, _error("slot.restart_failed", "restart failed"))
                 else:
@@ -185,6 +222,10 @@ class Hal0Api(lifecycle.StartStop):
                 setattr(slot, key, value)
             return slot
 
+    def unknown(self, name: str) -> bool:
+        """hal0 has no file for this slot (only when ``configured`` is given)."""
+        return self.configured is not None and name not in self.configured
+
     def _authorized(self, handler: BaseHTTPRequestHandler) -> bool:
         return self.key is None or handler.headers.get("Authorization") == f"Bearer {self.key}"
 
@@ -199,9 +240,28 @@ class Hal0Api(lifecycle.StartStop):
                 "name": name,
                 "state": slot.state,
                 "port": slot.port,
-                "model_id": "m",
+                "model_id": slot.model_id,
                 "backend": "rocm",
             }
+
+    def _slot_body(self, name: str) -> dict[str, object]:
+        """``GET /api/slots/{name}`` and a lifecycle call's 200: the fields hal0 1.7.0 answers
+        (the config and container fields of ``GET`` left out)."""
+        body = self._state_body(name)
+        with self.lock:
+            slot = self.slots[name]
+            message, state = slot.message, slot.state
+        backend = str(body["backend"])
+        metadata = {"updated_at": time.time(), "message": message, "backend": backend}
+        return body | {
+            "metadata": metadata | {"provider": "llama-server"},
+            "last_used_at": None,
+            "id": 1,
+            "kind": "local",
+            "status": state,
+            "provider": "llama-server",
+            "models": [body["model_id"]] if body["model_id"] else [],
+        }
 
     def _set(self, name: str, state: str, message: str = "") -> None:
         with self.lock:
@@ -242,10 +302,8 @@ class Hal0Api(lifecycle.StartStop):
             self._set(name, "error", SANITY_MESSAGE)
             return 500, _error("slot.output_sanity_failed", SANITY_MESSAGE)
         final = outcome if outcome in {"ready", "warming", "offline", "idle"} else "ready"
-        self._set(name, final)
-        body = self._state_body(name)
-        body |= {"kind": "local", "status": final, "metadata": {"message": ""}}
-        return 200, body
+        self._set(name, final, NO_MODEL_MESSAGE if final == "offline" else "")
+        return 200, self._slot_body(name)
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property

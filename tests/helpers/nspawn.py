@@ -72,6 +72,7 @@ class Container:
 
     root: Path  # the (read-only, cached) root file system
     binds: dict[Path, str] = field(default_factory=dict)  # host path -> container path
+    binds_ro: dict[Path, str] = field(default_factory=dict)  # the same, read-only inside
     log_path: Path | None = None
     cgroup: Path = field(init=False)
     pid1: int = field(init=False, default=0)
@@ -93,6 +94,7 @@ class Container:
             "-D",
             str(self.root),
             *[f"--bind={host}:{inside}" for host, inside in self.binds.items()],
+            *[f"--bind-ro={host}:{inside}" for host, inside in self.binds_ro.items()],
         ]
         script = (
             f"echo $$ > {shlex.quote(str(self.cgroup / 'cgroup.procs'))} && "

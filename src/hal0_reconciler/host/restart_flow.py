@@ -25,6 +25,7 @@ log = _log.get_logger("hal0_reconciler.host.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
 _MAX_BACKOFF = 30.0
+_SERVER_ERROR = 500
 
 
 class RestartResult(enum.StrEnum):
@@ -297,6 +298,12 @@ class RestartFlow:
             return RestartResult.ABANDONED
         except hal0_api.ApiNoAnswer as exc:
             return self._failed(request, str(exc), result=RestartResult.NO_ANSWER)
+        except hal0_api.ApiHttpError as exc:
+            if exc.status < _SERVER_ERROR:
+                return self._failed(request, str(exc))
+            # a 5xx names the class of failure (often only "system.internal"); the slot's own
+            # message says what failed
+            return self._failed(request, f"{exc}; slot: {self._message(client, request.name)}")
         except hal0_api.ApiError as exc:
             return self._failed(request, str(exc))
         state = str(answer.body.get("state") or "")
