@@ -52,6 +52,24 @@ def _load_env_file(path: Path) -> None:
         os.environ[key.strip()] = value
 
 
+_KEYS = frozenset({"device", "image_pin", "binary", "type", "provider", "profile", "backend"})
+
+
+def _tables(path: Path) -> dict[str, bool]:
+    """Where the slot's keys sit: split between the top level and ``[slot]``; both tables
+    ``device = "gpu-vulkan"`` (what hal0's holder-table relabel and the launch path disagree on)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {"split": False, "both_vulkan": False}
+    slot = data.get("slot")
+    slot = slot if isinstance(slot, dict) else {}
+    return {
+        "split": bool(_KEYS & data.keys()) and bool(_KEYS & slot.keys()),
+        "both_vulkan": data.get("device") == "gpu-vulkan" == slot.get("device"),
+    }
+
+
 def _merged(path: Path) -> dict[str, object] | str:
     """The launch path's view of a slot file (``[slot]`` over the top level, per key), or
     why it cannot be read."""
@@ -171,6 +189,7 @@ def main() -> int:
         except Exception as exc:
             stopped = f"{type(exc).__name__}: {exc}"[:500]
         views = {p.name: _merged(p) for p in sorted(slots_dir.glob("*.toml"))}
+        tables = {p.name: _tables(p) for p in sorted(slots_dir.glob("*.toml"))}
         judged = {name: _launch_path_judged(view, lane_usable) for name, view in views.items()}
         manifest_error = _manifest_error()
         if stopped is None and "--no-relabel" not in sys.argv[3:]:
@@ -183,6 +202,7 @@ def main() -> int:
             "original": original.get(p.name),  # ... and before them
             "before_relabel": _device(views.get(p.name, "")),
             "launch_path_judged": judged.get(p.name),
+            "tables_before_relabel": tables.get(p.name),
             "unreadable": views[p.name] if isinstance(views.get(p.name), str) else None,
         }
         for p in sorted(slots_dir.glob("*.toml"))

@@ -55,6 +55,7 @@ class Reference:
     original: dict[str, str | None]  # ... before its boot passes
     before: dict[str, str | None]  # ... as its passes before the relabel leave it
     launch_judged: dict[str, str | None]  # hal0's relabel predicates on the launch path's view
+    tables: dict[str, dict[str, bool]]  # where the keys sit as the relabel finds them
     steps: list[str]
     stopped: str | None  # why hal0's boot passes stopped before the relabel, if they did
     manifest_error: str | None  # 1.4+: hal0's own verdict on the manifest it reads
@@ -83,6 +84,7 @@ def reference(
         original={name: entry["original"] for name, entry in slots.items()},
         before={name: entry["before_relabel"] for name, entry in slots.items()},
         launch_judged={name: entry["launch_path_judged"] for name, entry in slots.items()},
+        tables={name: entry["tables_before_relabel"] for name, entry in slots.items()},
         steps=doc["steps"],
         stopped=doc["stopped"],
         manifest_error=doc["manifest_error"],

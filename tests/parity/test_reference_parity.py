@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import tomllib
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,9 +36,6 @@ import pytest
 from helpers import hal0_releases
 
 JOBS = 2  # boxes at a time (the machine's cores); a box's processes run one after the other
-
-# The slot keys whose table matters (hal0's launch path overlays [slot] on the top level).
-_KEYS = frozenset({"device", "image_pin", "binary", "type", "provider", "profile", "backend"})
 
 
 @dataclass(frozen=True)
@@ -114,20 +110,6 @@ DELIBERATE: dict[str, tuple[str, Callable[[Seen], bool]]] = {
 }
 
 
-def _tables(text: str) -> tuple[dict[str, object], dict[str, object]]:
-    data = tomllib.loads(text)
-    slot = data.pop("slot", None)
-    return data, slot if isinstance(slot, dict) else {}
-
-
-def _shape(text: str) -> tuple[bool, bool]:
-    top, slot = _tables(text)
-    top_keys, slot_keys = _KEYS & top.keys(), _KEYS & slot.keys()
-    split = bool(top_keys) and bool(slot_keys)
-    both = top.get("device") == "gpu-vulkan" and slot.get("device") == "gpu-vulkan"
-    return split, both
-
-
 def _run_box(
     release: hal0_releases.Release,
     python: Path,
@@ -140,7 +122,7 @@ def _run_box(
     home = Path(tempfile.mkdtemp(prefix=f"parity-{release.version}-", dir=harness.SCRATCH))
     try:
         root = harness.build(work / "root", release, box, wheel_cache=wheel_cache)
-        texts = {p.name: p.read_text(encoding="utf-8") for p in (root / "etc/hal0/slots").iterdir()}
+        names = sorted(p.name for p in (root / "etc/hal0/slots").iterdir())
         ref = harness.reference(python, root, home / "hal0-home", usable=usable)
         cut = None
         if box.slots_part is not None:  # hal0's own loader and predicates on the mutated file
@@ -151,10 +133,10 @@ def _run_box(
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
-    assert sorted(ref.devices) == sorted(texts), "hal0's answer must cover every slot file"
+    assert sorted(ref.devices) == names, "hal0's answer must cover every slot file"
     seen = []
     for name, device in sorted(ref.devices.items()):
-        split, both = _shape(texts[name])
+        tables = ref.tables[name]  # as hal0's relabel finds the file (its conversions ran)
         seen.append(
             Seen(
                 box=box,
@@ -167,8 +149,8 @@ def _run_box(
                 slots_only_judged=cut.launch_judged[name] if cut else None,
                 stopped=ref.stopped is not None,
                 manifest_error=ref.manifest_error is not None,
-                split=split,
-                both_vulkan=both,
+                split=tables["split"],
+                both_vulkan=tables["both_vulkan"],
                 why=f"{ours.actions.get(name)} {ours.reasons.get(name)}",
             )
         )
