@@ -171,8 +171,7 @@ def test_a_root_tree_module_truncated_in_a_race_is_never_fatal(tmp_path: Path) -
             try:
                 scan = reg.scan(path, {NAME}, io=treeio.local_at(tmp_path))
             except registry.boundedread.ReadRefused as exc:
-                assert exc.reason == registry.REWRITTEN, exc.reason
-                seen.add("rewritten")
+                seen.add(exc.reason)
             else:
                 assert scan is not None  # a consistent read: of the whole file, or of the cut one
                 whole = scan.identity[2] == len(content)
@@ -181,7 +180,8 @@ def test_a_root_tree_module_truncated_in_a_race_is_never_fatal(tmp_path: Path) -
     finally:
         stop.set()
         worker.join(10)
-    assert "rewritten" in seen
+    assert registry.REWRITTEN in seen
+    assert seen <= {registry.REWRITTEN, "read"}
 
 
 def test_three_checks_in_a_row_rewritten_keep_changing_and_a_clean_read_resets(
@@ -214,7 +214,7 @@ def test_three_checks_in_a_row_rewritten_keep_changing_and_a_clean_read_resets(
     assert scan is not None
     assert {NAME: True} == scan.registered
     rewrite[0] = True
-    reg._entries.clear()  # noqa: SLF001 - read again, as after a change
+    reg._entries.clear()  # read again, as after a change
     with pytest.raises(registry.boundedread.ReadRefused) as again:
         reg.scan(path, {NAME}, io=io)
     assert registry.REWRITTEN == again.value.reason  # the count started over
@@ -225,7 +225,11 @@ def test_a_module_over_the_cap_is_refused_before_it_is_opened(
 ) -> None:
     path = _module(tmp_path / "m.so", size=2 << 20)
     io = treeio.local_at(tmp_path)
-    monkeypatch.setattr(io, "scan", lambda *a, **k: pytest.fail("the module was read"))
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        pytest.fail("the module was read")
+
+    monkeypatch.setattr(io, "scan", never)
     with pytest.raises(registry.boundedread.ReadRefused) as caught:
         registry.Registry(None, max_bytes=1 << 20).scan(path, {NAME}, io=io)
     assert caught.value.reason == (
