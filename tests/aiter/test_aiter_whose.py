@@ -111,11 +111,46 @@ def test_the_walk_refuses_a_folder_the_owner_does_not_own_on_the_way(
     assert f"{mid} is a folder owned by uid {uid}, not root" in str(owner.refused)
 
 
-def test_a_root_jit_folder_others_can_write_is_refused() -> None:
-    """Root's 0777 JIT folder: anyone could plant files where root would act; refused."""
-    shared = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o777))
-    own = _way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o777))
-    assert "JIT folder /opt/jit is root's but writable by others" in str(
-        whose.judge(shared, _way(*ROOT_WAY)).refused
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775, 0o1775, 0o3777, 0o1733])
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_a_jit_folder_others_can_write_is_refused_sticky_or_not(mode: int, uid: int) -> None:
+    """A JIT folder its group or every user can write, sticky or not, root's or a user's:
+    anyone could plant files where the tree is handled; refused, with how to fix it."""
+    shared = _way(*ROOT_WAY, _step("/opt/jit", uid, DIR | mode))
+    refused = str(whose.judge(shared, _way(*ROOT_WAY)).refused)
+    owner = "root's" if uid == 0 else f"uid {uid}'s"
+    who = "every user" if mode & 0o002 else f"group {uid}"
+    assert (
+        f"JIT folder /opt/jit is {owner} but writable by {who} (mode {mode:o}, sticky or not); "
+        "refused: a folder others can write is nobody's tree (chmod go-w it, or give each "
+        "user a tree of their own with its own jit_dir)"
+    ) == refused
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o1775])
+def test_a_configs_folder_others_can_write_is_refused_sticky_or_not(mode: int) -> None:
+    configs = _way(
+        *ROOT_WAY, _step("/opt/aiter", 0, DIR | 0o755), _step("/opt/aiter/configs", 0, DIR | mode)
     )
-    assert None is whose.judge(own, _way(*ROOT_WAY)).refused
+    refused = str(whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755)), configs).refused)
+    assert refused.startswith("configs folder /opt/aiter/configs is root's but writable by ")
+    assert "chmod go-w" in refused
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o700, 0o1755, 0o2755])
+def test_a_folder_only_its_owner_can_write_is_accepted(mode: int) -> None:
+    for uid in (0, 1000):
+        own = _way(*ROOT_WAY, _step("/opt/jit", uid, DIR | mode))
+        configs = _way(*ROOT_WAY, _step("/opt/configs", 0, DIR | mode))
+        assert None is whose.judge(own, configs).refused
+
+
+def test_a_shared_folder_not_there_yet_or_a_file_is_not_judged_shared() -> None:
+    missing = whose.Way(
+        (_step("/", 0, DIR | 0o755), _step("/tmp", 0, DIR | 0o1777)),
+        PurePosixPath("/tmp/jit"),
+        exists=False,
+    )
+    assert None is whose.shared_folder(missing, what="JIT folder")
+    file_way = _way(*ROOT_WAY, _step("/opt/jit", 0, stat.S_IFREG | 0o777))
+    assert None is whose.shared_folder(file_way, what="JIT folder")
