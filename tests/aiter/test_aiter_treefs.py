@@ -154,3 +154,30 @@ def test_a_file_over_its_cap_is_refused_with_its_size(impl: str, tree: tuple[Pat
     with pytest.raises(boundedread.ReadRefused) as caught:
         treefs.read_at(fd, "sub/file", max_bytes=3)
     assert "larger than the 3-byte limit (6 bytes)" == caught.value.reason
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("noreplace", [True, False])
+def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
+    impl: str, tree: tuple[Path, int], noreplace: bool
+) -> None:
+    """Each of ``rename_at`` and ``fsync_dir_at`` closes every folder fd it opened, when it
+    works and when it fails (the daemon does thousands over its life)."""
+    root, fd = tree
+    before = _open_fds()
+    for i in range(3):
+        (root / "sub" / f"n{i}").write_bytes(b"x")
+        treefs.rename_at(fd, f"sub/n{i}", f"m{i}", noreplace=noreplace)
+        treefs.fsync_dir_at(fd, "sub")
+        treefs.fsync_dir_at(fd, ".")
+    with pytest.raises(FileNotFoundError):
+        treefs.rename_at(fd, "sub/absent", "m9", noreplace=noreplace)
+    with pytest.raises(OSError, match="m0"):
+        treefs.rename_at(fd, "sub/file", "m0", noreplace=True)  # exists: refused
+    with pytest.raises(OSError):
+        treefs.fsync_dir_at(fd, "link")
+    assert before == _open_fds()
+    assert [f"m{i}" for i in range(3)] == sorted(n for n in os.listdir(root) if n[0] == "m")
