@@ -154,3 +154,27 @@ def test_a_shared_folder_not_there_yet_or_a_file_is_not_judged_shared() -> None:
     assert None is whose.shared_folder(missing, what="JIT folder")
     file_way = _way(*ROOT_WAY, _step("/opt/jit", 0, stat.S_IFREG | 0o777))
     assert None is whose.shared_folder(file_way, what="JIT folder")
+
+
+def test_a_file_or_link_on_the_way_is_not_judged_by_its_mode() -> None:
+    """A link's mode means nothing, and a file met on the way (the walk stops there) has no
+    entries to replace: neither is refused for its write bits, only for its owner."""
+    file_step = _step("/opt/f", 0, stat.S_IFREG | 0o666)
+    link_step = _step("/opt/l", 0, LINK)
+    assert None is whose.step_problem(file_step, 1000)
+    assert None is whose.step_problem(link_step, 1000)
+    assert "owned by uid 2000" in str(whose.step_problem(_step("/opt/f", 2000, file_step.mode), 0))
+
+
+def test_a_walk_that_failed_refuses_the_tree_with_its_error() -> None:
+    broken = whose.Way((), PurePosixPath("/opt/loop"), exists=False, error="too many symlinks")
+    assert "JIT folder /opt/loop: too many symlinks" == whose.way_problem(
+        broken, 0, what="JIT folder", include_last=False
+    )
+    assert "JIT folder /opt/loop: too many symlinks" == whose.judge(broken, _way(*ROOT_WAY)).refused
+
+
+def test_the_verdict_says_whether_the_tree_is_roots() -> None:
+    assert whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755)), _way(*ROOT_WAY)).as_root
+    user = whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o755)), _way(*ROOT_WAY))
+    assert (False, 1000) == (user.as_root, user.uid)
