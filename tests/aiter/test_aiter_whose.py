@@ -178,3 +178,63 @@ def test_the_verdict_says_whether_the_tree_is_roots() -> None:
     assert whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755)), _way(*ROOT_WAY)).as_root
     user = whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o755)), _way(*ROOT_WAY))
     assert (False, 1000) == (user.as_root, user.uid)
+
+
+def _paths(way: whose.Way) -> list[str]:
+    return [str(s.path) for s in way.steps]
+
+
+def test_the_walk_meets_each_component_once_from_the_root(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    way = treeowner.walk(tmp_path / "b")
+    assert (True, None, [*ancestors, str(tmp_path / "b")]) == (way.exists, way.error, _paths(way))
+    up = treeowner.walk(f"{tmp_path}/a/../b")  # ".." goes back up: no step for it
+    assert [*ancestors, str(tmp_path / "a"), str(tmp_path / "b")] == _paths(up)
+    assert PurePosixPath(tmp_path / "b") == up.real
+
+
+@pytest.mark.parametrize("path", ["", "relative/jit", "jit"])
+def test_a_path_that_is_not_absolute_is_not_walked(path: str) -> None:
+    way = treeowner.walk(path)
+    assert (False, "not absolute", ()) == (way.exists, way.error, way.steps)
+
+
+def test_forty_links_are_followed_and_the_forty_first_is_refused(tmp_path: Path) -> None:
+    """The kernel's own limit: a chain of 40 symlinks resolves, 41 is "too many symlinks"."""
+    target = tmp_path / "jit"
+    target.mkdir()
+    previous = target
+    for i in range(41):
+        link = tmp_path / f"l{i}"
+        link.symlink_to(previous)
+        previous = link
+    forty = treeowner.walk(tmp_path / "l39")
+    assert (True, None, PurePosixPath(target)) == (forty.exists, forty.error, forty.real)
+    assert 40 == sum(s.is_link for s in forty.steps)
+    too_many = treeowner.walk(tmp_path / "l40")
+    assert (False, "too many symlinks") == (too_many.exists, too_many.error)
+
+
+def test_a_missing_component_ends_the_walk_at_the_deepest_folder_there(tmp_path: Path) -> None:
+    way = treeowner.walk(tmp_path / "missing" / "jit")
+    assert (False, None, PurePosixPath(tmp_path / "missing")) == (way.exists, way.error, way.real)
+    assert str(tmp_path) == _paths(way)[-1]
+
+
+def test_a_link_that_cannot_be_read_ends_the_walk_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link gone (or unreadable) between its ``lstat`` and its ``readlink``: the walk stops
+    there and says why; nothing is judged as existing."""
+    (tmp_path / "link").symlink_to(tmp_path)
+
+    def gone(_path: object) -> str:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(treeowner.os, "readlink", gone)
+    way = treeowner.walk(tmp_path / "link" / "jit")
+    assert (False, "no such file or directory") == (way.exists, way.error)
+    assert PurePosixPath(tmp_path / "link") == way.real
+    assert way.steps[-1].is_link
