@@ -99,6 +99,19 @@ def attackers_tree(attacker: Attacker) -> Iterator[tuple[Path, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _processes_of(uid: int) -> set[int]:
+    """Every process whose real uid is ``uid`` (what is left of the attack at the end)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            lines = (entry / "status").read_bytes().splitlines()
+            if int(next(ln for ln in lines if ln.startswith(b"Uid:")).split()[1]) == uid:
+                found.add(int(entry.name))
+    return found
+
+
 def _aiter_status(settings: Settings) -> dict[str, object]:
     try:
         snapshot = json.loads(status.status_path(settings).read_text())
@@ -154,7 +167,7 @@ def test_a_stopped_owners_child_delays_neither_ready_nor_the_watchdog_nor_a_rela
     finally:
         os.killpg(stopper.pid, signal.SIGKILL)
         stopper.wait(timeout=10)
-        if child:
+        for pid in _processes_of(attacker.uid) | ({child} if child else set()):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
     attacks.held("aiter check stalled by the tree's owner")
