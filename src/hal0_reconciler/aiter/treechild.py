@@ -163,14 +163,15 @@ def scan(root: int, rel: str, req: dict[str, Any], fds: list[int]) -> dict[str, 
     names = json.loads(boundedread.read_fd(fds[0], "names", max_bytes=MAX_SCAN_NAMES))
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return _refused("bad request: names is not a list of strings")
+    max_bytes = req.get("max_bytes")
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+        return _refused("bad request: no max_bytes")
     budget = req.get("budget")
     deadline = None if budget is None else time.monotonic() + float(budget)
     fd = treefs.open_regular(root, rel)
     try:
         st = os.fstat(fd)
-        found = modulescan.scan_fd(
-            fd, names, max_bytes=int(req.get("max_bytes", 0)), deadline=deadline
-        )
+        found = modulescan.scan_fd(fd, names, max_bytes=max_bytes, deadline=deadline)
     finally:
         os.close(fd)
     return {
