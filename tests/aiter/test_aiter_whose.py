@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from hal0_reconciler.aiter import treeowner, whose
+from hal0_reconciler.model import Credentials
 from helpers import devnodes
 
 DIR = stat.S_IFDIR
@@ -238,3 +239,19 @@ def test_a_link_that_cannot_be_read_ends_the_walk_with_why(
     assert (False, "no such file or directory") == (way.exists, way.error)
     assert PurePosixPath(tmp_path / "link") == way.real
     assert way.steps[-1].is_link
+
+
+def test_whose_credentials_are_said_in_words() -> None:
+    root_way = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755))
+    user_way = _way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o755))
+    shared = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o1777))
+    configs = _way(*ROOT_WAY)
+    as_root = treeowner.TreeOwner(whose.judge(root_way, configs), Credentials("root", 0, 0, (0,)))
+    as_user = treeowner.TreeOwner(
+        whose.judge(user_way, configs), Credentials("alice", 1000, 1001, (1001,))
+    )
+    refused = treeowner.TreeOwner(whose.judge(shared, configs), Credentials("root", 0, 0, (0,)))
+    assert "root (the tree is root's)" == as_root.describe()
+    assert (True, False) == (as_root.as_root, as_user.as_root)
+    assert "alice (uid 1000, gid 1001; the JIT folder's owner)" == as_user.describe()
+    assert refused.describe().startswith("refused: JIT folder /opt/jit is root's but writable")
