@@ -181,3 +181,13 @@ def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
         treefs.fsync_dir_at(fd, "link")
     assert before == _open_fds()
     assert [f"m{i}" for i in range(3)] == sorted(n for n in os.listdir(root) if n[0] == "m")
+
+
+def test_the_resolve_flags_are_the_kernels() -> None:
+    """``<linux/openat2.h>``: the values are ABI, a wrong one would resolve differently."""
+    assert (0x01, 0x02, 0x04, 0x08) == (
+        treefs.RESOLVE_NO_XDEV,
+        treefs.RESOLVE_NO_MAGICLINKS,
+        treefs.RESOLVE_NO_SYMLINKS,
+        treefs.RESOLVE_BENEATH,
+    )
