@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import platform
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +193,66 @@ def test_the_resolve_flags_are_the_kernels() -> None:
         treefs.RESOLVE_NO_SYMLINKS,
         treefs.RESOLVE_BENEATH,
     )
+
+
+def test_openat2_is_used_where_the_kernel_has_it() -> None:
+    """Linux 5.6+ on x86_64 and aarch64 has openat2: the one-call resolution is taken."""
+    release = tuple(int(x) for x in platform.release().split(".")[:2])
+    if platform.machine() not in ("x86_64", "aarch64") or release < (5, 6):
+        pytest.skip("no openat2 on this kernel")
+    assert treefs._probe_openat2()
+    assert treefs.OPENAT2
+
+
+def test_the_root_itself_has_no_components() -> None:
+    assert ((), (), ("a", "b")) == (
+        treefs.parts_of(""),
+        treefs.parts_of("."),
+        treefs.parts_of("a/b"),
+    )
+
+
+def test_files_opened_beneath_are_close_on_exec_and_made_private(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """Every fd is ``O_CLOEXEC`` (a program the daemon runs inherits none), and a file made
+    without a mode is 0600."""
+    root, fd = tree
+    old = os.umask(0)
+    try:
+        made = treefs.open_beneath(fd, "sub/new", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    finally:
+        os.umask(old)
+    read = treefs.open_beneath(fd, "sub/file", os.O_RDONLY)
+    try:
+        for opened in (made, read):
+            assert fcntl.fcntl(opened, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    finally:
+        os.close(made)
+        os.close(read)
+    assert 0o600 == (root / "sub/new").stat().st_mode & 0o777
+
+
+def test_listing_and_reading_leave_no_descriptor_open(impl: str, tree: tuple[Path, int]) -> None:
+    _, fd = tree
+    before = _open_fds()
+    for _ in range(3):
+        assert ["file"] == treefs.listdir_at(fd, "sub")
+        assert b"inside" == treefs.read_at(fd, "sub/file", max_bytes=100)
+        with pytest.raises(boundedread.ReadRefused):
+            treefs.read_at(fd, "sub/file", max_bytes=2)
+    assert before == _open_fds()
+
+
+def test_a_missing_folder_on_the_way_is_none_only_when_asked(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    _, fd = tree
+    assert None is treefs.read_at(fd, "nope/file", max_bytes=100, missing_ok=True)
+    with pytest.raises(boundedread.ReadRefused, match="missing"):
+        treefs.read_at(fd, "nope/file", max_bytes=100)
+
+
+def test_a_name_that_is_gone_is_not_a_link(tree: tuple[Path, int]) -> None:
+    _, fd = tree
+    assert (False, True) == (treefs._is_link(fd, "gone"), treefs._is_link(fd, "link"))
