@@ -181,6 +181,9 @@ def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
         treefs.rename_at(fd, "sub/file", "m0", noreplace=True)  # exists: refused
     with pytest.raises(OSError):
         treefs.fsync_dir_at(fd, "link")
+    treefs.mkdir_at(fd, "sub/made")
+    with pytest.raises(FileExistsError):
+        treefs.mkdir_at(fd, "sub/made")
     assert before == _open_fds()
     assert [f"m{i}" for i in range(3)] == sorted(n for n in os.listdir(root) if n[0] == "m")
 
@@ -256,3 +259,13 @@ def test_a_missing_folder_on_the_way_is_none_only_when_asked(
 def test_a_name_that_is_gone_is_not_a_link(tree: tuple[Path, int]) -> None:
     _, fd = tree
     assert (False, True) == (treefs._is_link(fd, "gone"), treefs._is_link(fd, "link"))
+
+
+def test_renaming_a_missing_file_onto_an_existing_one_says_the_source_is_missing(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """``renameat2``'s own error is raised (not the fallback's "exists" check)."""
+    root, fd = tree
+    with pytest.raises(FileNotFoundError):
+        treefs.rename_at(fd, "sub/absent", "sub/file", noreplace=True)
+    assert b"inside" == (root / "sub/file").read_bytes()
