@@ -269,3 +269,50 @@ def test_renaming_a_missing_file_onto_an_existing_one_says_the_source_is_missing
     with pytest.raises(FileNotFoundError):
         treefs.rename_at(fd, "sub/absent", "sub/file", noreplace=True)
     assert b"inside" == (root / "sub/file").read_bytes()
+
+
+def test_folder_fsyncs_and_atomic_writes_reach_the_disk(
+    impl: str, tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fsync_dir_at`` fsyncs the folder itself; ``write_atomic_at`` the file and then its
+    folder (the rename is durable); neither leaves a descriptor open."""
+    root, fd = tree
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(target: int) -> None:
+        synced.append(os.fstat(target).st_ino)
+        real(target)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    before = _open_fds()
+    treefs.fsync_dir_at(fd, "sub")
+    assert [(root / "sub").stat().st_ino] == synced
+    synced.clear()
+    treefs.write_atomic_at(fd, "sub/w", b"new", 0o640)
+    assert [(root / "sub/w").stat().st_ino, (root / "sub").stat().st_ino] == synced
+    assert before == _open_fds()
+    assert (b"new", 0o640) == (
+        (root / "sub/w").read_bytes(),
+        (root / "sub/w").stat().st_mode & 0o777,
+    )
+
+
+def test_an_atomic_write_that_fails_raises_and_leaves_nothing(
+    impl: str, tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk refuses the write (EIO at the fsync): the error is raised, the temp file is
+    removed, its fd closed, the old file untouched."""
+    root, fd = tree
+
+    def broken(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    before = _open_fds()
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        treefs.write_atomic_at(fd, "sub/file", b"replaced")
+    monkeypatch.undo()
+    assert before == _open_fds()
+    assert b"inside" == (root / "sub/file").read_bytes()
+    assert ["file"] == sorted(os.listdir(root / "sub"))
