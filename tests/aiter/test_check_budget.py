@@ -15,7 +15,7 @@ from aiter_support import BPS_CK, BPS_CKTILE
 from structlog.testing import capture_logs
 
 from hal0_reconciler.aiter import monitor, plan, registry
-from hal0_reconciler.daemon import selfheal
+from hal0_reconciler.daemon import selfheal, status
 from helpers.clock import FakeClock
 
 
@@ -116,3 +116,9 @@ def test_the_daemon_says_an_over_budget_check_once_is_degraded_and_retries(
     ]
     assert heal.retry_at() is None
     assert heal.problem() is None or registry.OVER_BUDGET not in str(heal.problem())
+
+
+def test_status_says_not_checked_yet_before_the_first_verdict() -> None:
+    assert ["  aiter:      not checked yet"] == status._aiter_lines({"state": "not checked yet"})
+    lines = status._aiter_lines({"state": "checked", "verdicts": {"covered": 2}})
+    assert lines[0].startswith("  aiter:      2 covered")
