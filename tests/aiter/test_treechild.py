@@ -204,6 +204,9 @@ def _names_of_length(total: int) -> list[str]:
     return names
 
 
+MESSAGE_CAP = 160 * 1024  # docs/aiter-trees.md: one socket message, 160 KiB at most
+
+
 @pytest.mark.parametrize("over", [0, 1])
 def test_an_answer_over_one_message_is_refused_and_one_at_the_cap_is_not(
     tmp_path: Path, over: int
@@ -212,7 +215,8 @@ def test_an_answer_over_one_message_is_refused_and_one_at_the_cap_is_not(
     at the cap it is answered (through a real child)."""
     folder = tmp_path / "many"
     folder.mkdir()
-    for name in _names_of_length(treechild.MAX_MESSAGE + over):
+    assert MESSAGE_CAP == treechild.MAX_MESSAGE
+    for name in _names_of_length(MESSAGE_CAP + over):
         (folder / name).touch()
     roots = (treeio.Root(PurePosixPath(folder), PurePosixPath(folder)),)
     io = treeio.ChildTree(roots, treeio.ROOT, timeout=20)
