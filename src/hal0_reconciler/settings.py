@@ -85,6 +85,8 @@ class AiterSettings:
     table_max_bytes: int = 64 << 20  # a larger tuned table is refused, never read
     table_max_rows: int = 200_000  # a table of more lines is refused, never parsed
     child_timeout: float = 10.0  # seconds the owner's child has to answer each request
+    module_max_bytes: int = 1 << 30  # a larger module is not checked (degraded), never read
+    check_budget: float = 30.0  # seconds one aiter check may take before the rest waits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +216,8 @@ RANGES: dict[str, Range] = {
     "aiter.table_max_bytes": Range(1024, 1 << 30, "bytes"),
     "aiter.table_max_rows": Range(100, 10_000_000, "rows"),
     "aiter.child_timeout": Range(0.5, 600),
+    "aiter.module_max_bytes": Range(1 << 20, 1 << 40, "bytes"),
+    "aiter.check_budget": Range(1, 3600),
 }
 
 # Text settings with a closed set of values (enum settings list theirs themselves).

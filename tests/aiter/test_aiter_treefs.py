@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import platform
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +156,163 @@ def test_a_file_over_its_cap_is_refused_with_its_size(impl: str, tree: tuple[Pat
     with pytest.raises(boundedread.ReadRefused) as caught:
         treefs.read_at(fd, "sub/file", max_bytes=3)
     assert "larger than the 3-byte limit (6 bytes)" == caught.value.reason
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("noreplace", [True, False])
+def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
+    impl: str, tree: tuple[Path, int], noreplace: bool
+) -> None:
+    """Each of ``rename_at`` and ``fsync_dir_at`` closes every folder fd it opened, when it
+    works and when it fails (the daemon does thousands over its life)."""
+    root, fd = tree
+    before = _open_fds()
+    for i in range(3):
+        (root / "sub" / f"n{i}").write_bytes(b"x")
+        treefs.rename_at(fd, f"sub/n{i}", f"m{i}", noreplace=noreplace)
+        treefs.fsync_dir_at(fd, "sub")
+        treefs.fsync_dir_at(fd, ".")
+    with pytest.raises(FileNotFoundError):
+        treefs.rename_at(fd, "sub/absent", "m9", noreplace=noreplace)
+    with pytest.raises(OSError, match="m0"):
+        treefs.rename_at(fd, "sub/file", "m0", noreplace=True)  # exists: refused
+    with pytest.raises(OSError):
+        treefs.fsync_dir_at(fd, "link")
+    treefs.mkdir_at(fd, "sub/made")
+    with pytest.raises(FileExistsError):
+        treefs.mkdir_at(fd, "sub/made")
+    assert before == _open_fds()
+    assert [f"m{i}" for i in range(3)] == sorted(n for n in os.listdir(root) if n[0] == "m")
+
+
+def test_the_resolve_flags_are_the_kernels() -> None:
+    """``<linux/openat2.h>``: the values are ABI, a wrong one would resolve differently."""
+    assert (0x01, 0x02, 0x04, 0x08) == (
+        treefs.RESOLVE_NO_XDEV,
+        treefs.RESOLVE_NO_MAGICLINKS,
+        treefs.RESOLVE_NO_SYMLINKS,
+        treefs.RESOLVE_BENEATH,
+    )
+
+
+def test_openat2_is_used_where_the_kernel_has_it() -> None:
+    """Linux 5.6+ on x86_64 and aarch64 has openat2: the one-call resolution is taken."""
+    release = tuple(int(x) for x in platform.release().split(".")[:2])
+    if platform.machine() not in ("x86_64", "aarch64") or release < (5, 6):
+        pytest.skip("no openat2 on this kernel")
+    assert treefs._probe_openat2()
+    assert treefs.OPENAT2
+
+
+def test_the_root_itself_has_no_components() -> None:
+    assert ((), (), ("a", "b")) == (
+        treefs.parts_of(""),
+        treefs.parts_of("."),
+        treefs.parts_of("a/b"),
+    )
+
+
+def test_files_opened_beneath_are_close_on_exec_and_made_private(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """Every fd is ``O_CLOEXEC`` (a program the daemon runs inherits none), and a file made
+    without a mode is 0600."""
+    root, fd = tree
+    old = os.umask(0)
+    try:
+        made = treefs.open_beneath(fd, "sub/new", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    finally:
+        os.umask(old)
+    read = treefs.open_beneath(fd, "sub/file", os.O_RDONLY)
+    try:
+        for opened in (made, read):
+            assert fcntl.fcntl(opened, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    finally:
+        os.close(made)
+        os.close(read)
+    assert 0o600 == (root / "sub/new").stat().st_mode & 0o777
+
+
+def test_listing_and_reading_leave_no_descriptor_open(impl: str, tree: tuple[Path, int]) -> None:
+    _, fd = tree
+    before = _open_fds()
+    for _ in range(3):
+        assert ["file"] == treefs.listdir_at(fd, "sub")
+        assert b"inside" == treefs.read_at(fd, "sub/file", max_bytes=100)
+        with pytest.raises(boundedread.ReadRefused):
+            treefs.read_at(fd, "sub/file", max_bytes=2)
+    assert before == _open_fds()
+
+
+def test_a_missing_folder_on_the_way_is_none_only_when_asked(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    _, fd = tree
+    assert None is treefs.read_at(fd, "nope/file", max_bytes=100, missing_ok=True)
+    with pytest.raises(boundedread.ReadRefused, match="missing"):
+        treefs.read_at(fd, "nope/file", max_bytes=100)
+
+
+def test_a_name_that_is_gone_is_not_a_link(tree: tuple[Path, int]) -> None:
+    _, fd = tree
+    assert (False, True) == (treefs._is_link(fd, "gone"), treefs._is_link(fd, "link"))
+
+
+def test_renaming_a_missing_file_onto_an_existing_one_says_the_source_is_missing(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    """``renameat2``'s own error is raised (not the fallback's "exists" check)."""
+    root, fd = tree
+    with pytest.raises(FileNotFoundError):
+        treefs.rename_at(fd, "sub/absent", "sub/file", noreplace=True)
+    assert b"inside" == (root / "sub/file").read_bytes()
+
+
+def test_folder_fsyncs_and_atomic_writes_reach_the_disk(
+    impl: str, tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fsync_dir_at`` fsyncs the folder itself; ``write_atomic_at`` the file and then its
+    folder (the rename is durable); neither leaves a descriptor open."""
+    root, fd = tree
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(target: int) -> None:
+        synced.append(os.fstat(target).st_ino)
+        real(target)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    before = _open_fds()
+    treefs.fsync_dir_at(fd, "sub")
+    assert [(root / "sub").stat().st_ino] == synced
+    synced.clear()
+    treefs.write_atomic_at(fd, "sub/w", b"new", 0o640)
+    assert [(root / "sub/w").stat().st_ino, (root / "sub").stat().st_ino] == synced
+    assert before == _open_fds()
+    assert (b"new", 0o640) == (
+        (root / "sub/w").read_bytes(),
+        (root / "sub/w").stat().st_mode & 0o777,
+    )
+
+
+def test_an_atomic_write_that_fails_raises_and_leaves_nothing(
+    impl: str, tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk refuses the write (EIO at the fsync): the error is raised, the temp file is
+    removed, its fd closed, the old file untouched."""
+    root, fd = tree
+
+    def broken(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    before = _open_fds()
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        treefs.write_atomic_at(fd, "sub/file", b"replaced")
+    monkeypatch.undo()
+    assert before == _open_fds()
+    assert b"inside" == (root / "sub/file").read_bytes()
+    assert ["file"] == sorted(os.listdir(root / "sub"))

@@ -152,3 +152,28 @@ def test_every_verdict_comes_from_one_row_of_the_table_and_the_last_always_holds
     case = verdict.Case(routing.Keyed.NAME, _needs(), _facts(["a"]), "d1", None)
     assert verdict.TABLE[-1] is verdict.row_for(case)
     assert plan.Action.HEAL == verdict.TABLE[-1].action
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "not checked: module too large (2147483648 bytes, over module_max_bytes = 1073741824)",
+        "not checked: sparse module (holes before its end; 8589934592 bytes apparent)",
+        "not checked: keeps changing (rewritten while read at 3 checks in a row)",
+        "not checked: the check ran past its time budget",
+    ],
+)
+def test_a_module_not_checked_says_why_in_its_own_words_and_is_never_healed(why):
+    """A module the check would not read: its reason is the "not checked" words themselves
+    (status and the daemon's degraded state match on them), unreadable, no action."""
+    p = _decide(_needs(), _facts(error=why))
+    assert (plan.Status.UNREADABLE, plan.Action.NONE, why) == (p.status, p.action, p.reason)
+    assert p.reason.startswith(verdict.NOT_CHECKED)
+
+
+def test_a_module_that_cannot_be_read_says_so_before_why():
+    p = _decide(_needs(), _facts(error="rewritten while read; judged again at the next check"))
+    assert "cannot read the module: rewritten while read; judged again at the next check" == (
+        p.reason
+    )
+    assert not p.reason.startswith(verdict.NOT_CHECKED)

@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from hal0_reconciler.aiter import treeowner, whose
+from hal0_reconciler.model import Credentials
 from helpers import devnodes
 
 DIR = stat.S_IFDIR
@@ -111,11 +112,146 @@ def test_the_walk_refuses_a_folder_the_owner_does_not_own_on_the_way(
     assert f"{mid} is a folder owned by uid {uid}, not root" in str(owner.refused)
 
 
-def test_a_root_jit_folder_others_can_write_is_refused() -> None:
-    """Root's 0777 JIT folder: anyone could plant files where root would act; refused."""
-    shared = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o777))
-    own = _way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o777))
-    assert "JIT folder /opt/jit is root's but writable by others" in str(
-        whose.judge(shared, _way(*ROOT_WAY)).refused
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775, 0o1775, 0o3777, 0o1733])
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_a_jit_folder_others_can_write_is_refused_sticky_or_not(mode: int, uid: int) -> None:
+    """A JIT folder its group or every user can write, sticky or not, root's or a user's:
+    anyone could plant files where the tree is handled; refused, with how to fix it."""
+    shared = _way(*ROOT_WAY, _step("/opt/jit", uid, DIR | mode))
+    refused = str(whose.judge(shared, _way(*ROOT_WAY)).refused)
+    owner = "root's" if uid == 0 else f"uid {uid}'s"
+    who = "every user" if mode & 0o002 else f"group {uid}"
+    assert (
+        f"JIT folder /opt/jit is {owner} but writable by {who} (mode {mode:o}, sticky or not); "
+        "refused: a folder others can write is nobody's tree (chmod go-w it, or give each "
+        "user a tree of their own with its own jit_dir)"
+    ) == refused
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o1775])
+def test_a_configs_folder_others_can_write_is_refused_sticky_or_not(mode: int) -> None:
+    configs = _way(
+        *ROOT_WAY, _step("/opt/aiter", 0, DIR | 0o755), _step("/opt/aiter/configs", 0, DIR | mode)
     )
-    assert None is whose.judge(own, _way(*ROOT_WAY)).refused
+    refused = str(whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755)), configs).refused)
+    assert refused.startswith("configs folder /opt/aiter/configs is root's but writable by ")
+    assert "chmod go-w" in refused
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o700, 0o1755, 0o2755])
+def test_a_folder_only_its_owner_can_write_is_accepted(mode: int) -> None:
+    for uid in (0, 1000):
+        own = _way(*ROOT_WAY, _step("/opt/jit", uid, DIR | mode))
+        configs = _way(*ROOT_WAY, _step("/opt/configs", 0, DIR | mode))
+        assert None is whose.judge(own, configs).refused
+
+
+def test_a_shared_folder_not_there_yet_or_a_file_is_not_judged_shared() -> None:
+    missing = whose.Way(
+        (_step("/", 0, DIR | 0o755), _step("/tmp", 0, DIR | 0o1777)),
+        PurePosixPath("/tmp/jit"),
+        exists=False,
+    )
+    assert None is whose.shared_folder(missing, what="JIT folder")
+    file_way = _way(*ROOT_WAY, _step("/opt/jit", 0, stat.S_IFREG | 0o777))
+    assert None is whose.shared_folder(file_way, what="JIT folder")
+
+
+def test_a_file_or_link_on_the_way_is_not_judged_by_its_mode() -> None:
+    """A link's mode means nothing, and a file met on the way (the walk stops there) has no
+    entries to replace: neither is refused for its write bits, only for its owner."""
+    file_step = _step("/opt/f", 0, stat.S_IFREG | 0o666)
+    link_step = _step("/opt/l", 0, LINK)
+    assert None is whose.step_problem(file_step, 1000)
+    assert None is whose.step_problem(link_step, 1000)
+    assert "owned by uid 2000" in str(whose.step_problem(_step("/opt/f", 2000, file_step.mode), 0))
+
+
+def test_a_walk_that_failed_refuses_the_tree_with_its_error() -> None:
+    broken = whose.Way((), PurePosixPath("/opt/loop"), exists=False, error="too many symlinks")
+    assert "JIT folder /opt/loop: too many symlinks" == whose.way_problem(
+        broken, 0, what="JIT folder", include_last=False
+    )
+    assert "JIT folder /opt/loop: too many symlinks" == whose.judge(broken, _way(*ROOT_WAY)).refused
+
+
+def test_the_verdict_says_whether_the_tree_is_roots() -> None:
+    assert whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755)), _way(*ROOT_WAY)).as_root
+    user = whose.judge(_way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o755)), _way(*ROOT_WAY))
+    assert (False, 1000) == (user.as_root, user.uid)
+
+
+def _paths(way: whose.Way) -> list[str]:
+    return [str(s.path) for s in way.steps]
+
+
+def test_the_walk_meets_each_component_once_from_the_root(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    way = treeowner.walk(tmp_path / "b")
+    assert (True, None, [*ancestors, str(tmp_path / "b")]) == (way.exists, way.error, _paths(way))
+    up = treeowner.walk(f"{tmp_path}/a/../b")  # ".." goes back up: no step for it
+    assert [*ancestors, str(tmp_path / "a"), str(tmp_path / "b")] == _paths(up)
+    assert PurePosixPath(tmp_path / "b") == up.real
+
+
+@pytest.mark.parametrize("path", ["", "relative/jit", "jit"])
+def test_a_path_that_is_not_absolute_is_not_walked(path: str) -> None:
+    way = treeowner.walk(path)
+    assert (False, "not absolute", ()) == (way.exists, way.error, way.steps)
+
+
+def test_forty_links_are_followed_and_the_forty_first_is_refused(tmp_path: Path) -> None:
+    """The kernel's own limit: a chain of 40 symlinks resolves, 41 is "too many symlinks"."""
+    target = tmp_path / "jit"
+    target.mkdir()
+    previous = target
+    for i in range(41):
+        link = tmp_path / f"l{i}"
+        link.symlink_to(previous)
+        previous = link
+    forty = treeowner.walk(tmp_path / "l39")
+    assert (True, None, PurePosixPath(target)) == (forty.exists, forty.error, forty.real)
+    assert 40 == sum(s.is_link for s in forty.steps)
+    too_many = treeowner.walk(tmp_path / "l40")
+    assert (False, "too many symlinks") == (too_many.exists, too_many.error)
+
+
+def test_a_missing_component_ends_the_walk_at_the_deepest_folder_there(tmp_path: Path) -> None:
+    way = treeowner.walk(tmp_path / "missing" / "jit")
+    assert (False, None, PurePosixPath(tmp_path / "missing")) == (way.exists, way.error, way.real)
+    assert str(tmp_path) == _paths(way)[-1]
+
+
+def test_a_link_that_cannot_be_read_ends_the_walk_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link gone (or unreadable) between its ``lstat`` and its ``readlink``: the walk stops
+    there and says why; nothing is judged as existing."""
+    (tmp_path / "link").symlink_to(tmp_path)
+
+    def gone(_path: object) -> str:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(treeowner.os, "readlink", gone)
+    way = treeowner.walk(tmp_path / "link" / "jit")
+    assert (False, "no such file or directory") == (way.exists, way.error)
+    assert PurePosixPath(tmp_path / "link") == way.real
+    assert way.steps[-1].is_link
+
+
+def test_whose_credentials_are_said_in_words() -> None:
+    root_way = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o755))
+    user_way = _way(*ROOT_WAY, _step("/opt/jit", 1000, DIR | 0o755))
+    shared = _way(*ROOT_WAY, _step("/opt/jit", 0, DIR | 0o1777))
+    configs = _way(*ROOT_WAY)
+    as_root = treeowner.TreeOwner(whose.judge(root_way, configs), Credentials("root", 0, 0, (0,)))
+    as_user = treeowner.TreeOwner(
+        whose.judge(user_way, configs), Credentials("alice", 1000, 1001, (1001,))
+    )
+    refused = treeowner.TreeOwner(whose.judge(shared, configs), Credentials("root", 0, 0, (0,)))
+    assert "root (the tree is root's)" == as_root.describe()
+    assert (True, False) == (as_root.as_root, as_user.as_root)
+    assert "alice (uid 1000, gid 1001; the JIT folder's owner)" == as_user.describe()
+    assert refused.describe().startswith("refused: JIT folder /opt/jit is root's but writable")

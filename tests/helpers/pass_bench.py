@@ -1,6 +1,6 @@
 """One :class:`~hal0_reconciler.daemon.passes.Passes` on temp host paths, driven batch by batch
-on the real engine with a fake clock and fake host facts (no threads: each ``process`` call is
-one pass, as the worker thread runs it)."""
+on the real engine with a fake clock and fake host facts (each ``process`` call is one pass, as
+the worker thread runs it; the aiter check it asks for is waited for, its thread ended)."""
 
 from __future__ import annotations
 
@@ -82,15 +82,20 @@ class Bench:
         path.write_text(slot_text(name, device, port=port))
         return path
 
+    def process(self, batch: Batch) -> None:
+        """One pass, then the aiter check it asked for (on its own thread) to its end."""
+        self.passes.process(batch)
+        assert self.passes.aiter_worker.drain(60), "the aiter check did not end in 60 s"
+
     def full(self) -> None:
-        self.passes.process(Batch(frozenset({Special.EVERYTHING}), 1))
+        self.process(Batch(frozenset({Special.EVERYTHING}), 1))
 
     def changed(self, *paths: Path) -> None:
         keys: frozenset[WorkKey] = frozenset(SlotKey(str(p.absolute())) for p in paths)
-        self.passes.process(Batch(keys, 1))
+        self.process(Batch(keys, 1))
 
     def probe(self) -> None:
-        self.passes.process(Batch(frozenset({Special.HOST_FACTS}), 1))
+        self.process(Batch(frozenset({Special.HOST_FACTS}), 1))
 
     def status(self, path: Path) -> dict[str, object] | None:
         with self.passes.lock:

@@ -114,6 +114,7 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         or report.fatal_boots
         or report.not_converging
         or report.needs_operator
+        or report.modules_not_checked
         or not all(p.checked for p in report.plans)
     ):
         return EXIT_ERROR  # could not be checked, or only a person can fix it: not "nothing to do"

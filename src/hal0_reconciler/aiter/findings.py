@@ -77,7 +77,8 @@ class Findings:
         if mod.status is plan.Status.UNCOVERED:
             check.uncovered.add(key)
         missing = sorted(m.name for m in mod.missing)
-        if not check.new("module", key, mod.status, mod.action, mod.digest, *missing):
+        said = mod.reason if mod.status is plan.Status.UNREADABLE else ""  # a new why is said
+        if not check.new("module", key, mod.status, mod.action, mod.digest, said, *missing):
             return
         fields = {
             **where,

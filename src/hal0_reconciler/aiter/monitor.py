@@ -6,6 +6,7 @@ and an unchanged tree costs ``stat`` calls (tables and modules are read once per
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -16,10 +17,12 @@ from hal0_reconciler.aiter import (
     healing,
     manifest_digest,
     plan,
+    registry,
     routing,
     survey,
     treeaccess,
     treeio,
+    verdict,
 )
 from hal0_reconciler.aiter.healing import HealResult
 from hal0_reconciler.settings import Settings
@@ -53,6 +56,22 @@ class MonitorReport:
         return any(m.action is plan.Action.OPERATOR for p in self.plans for m in p.modules)
 
     @property
+    def modules_not_checked(self) -> tuple[str, ...]:
+        """Modules the check would not read (too large, sparse, keeps changing, past the
+        check's budget): ``<environment>: <module>: <why>``; degraded, never healed."""
+        return tuple(
+            f"{p.environment}: {m.module}: {m.reason}"
+            for p in self.plans
+            for m in p.modules
+            if m.status is plan.Status.UNREADABLE and m.reason.startswith(verdict.NOT_CHECKED)
+        )
+
+    @property
+    def over_budget(self) -> bool:
+        """The check ran past its time budget: modules are left for the next check."""
+        return any(registry.OVER_BUDGET in m.reason for p in self.plans for m in p.modules)
+
+    @property
     def fatal_boots(self) -> tuple[str, ...]:
         """Environments whose boot dies at a first lookup (``<environment>: <why>``)."""
         return tuple(f"{p.environment}: {why}" for p in self.plans for why in p.fatal)
@@ -70,8 +89,11 @@ class AiterMonitor:
     ``log_findings=False`` (the one-shot CLI, which prints the whole report) logs only what is
     done (heals, restores), not the findings: structlog is then never imported for a check."""
 
-    def __init__(self, settings: Settings, *, log_findings: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, *, log_findings: bool = True, budget: float | None = None
+    ) -> None:
         self.settings = settings
+        self.budget = budget  # seconds a check may read modules for (None: no bound)
         self.log_findings = log_findings
         self.state_dir = settings.state_dir / "aiter"
         self.surveyor = survey.Surveyor(settings, cache_file=self.state_dir / "registry.json")
@@ -129,12 +151,13 @@ class AiterMonitor:
             except (OSError, manifest_digest.DigestUnavailable) as exc:
                 log.error("aiter.quarantine_roll_failed", error=str(exc))  # noqa: TRY400
         memory = self.healer.load_memory()
-        plans = self.surveyor.survey(rules, memory)
+        deadline = None if self.budget is None else time.monotonic() + self.budget
+        plans = self.surveyor.survey(rules, memory, deadline=deadline)
         heals: list[HealResult] = []
         if heal:
             heals = self.healer.heal_plans(plans, memory, self._packages(plans))
             if any(h.quarantine for h in heals):
-                plans = self.surveyor.survey(rules, self.healer.load_memory())
+                plans = self.surveyor.survey(rules, self.healer.load_memory(), deadline=deadline)
         errors = [h.error for h in heals if h.error]
         try:
             self.surveyor.registry.save()

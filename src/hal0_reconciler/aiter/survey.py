@@ -104,7 +104,8 @@ class Surveyor:
 
     def __init__(self, settings: Settings, *, cache_file: Path | None) -> None:
         self.settings = settings
-        self.registry = registry.Registry(cache_file)
+        self.registry = registry.Registry(cache_file, max_bytes=settings.aiter.module_max_bytes)
+        self.deadline: float | None = None  # this survey's end of budget (time.monotonic)
         # parsed tables and what they ask of each module survive a restart (a check in a new
         # process with nothing changed reads needs.json and stats its inputs)
         self.sources = sources.Sources(None if cache_file is None else cache_file.parent)
@@ -151,9 +152,16 @@ class Surveyor:
         return found
 
     def survey(
-        self, rules: routing.Routing, memory: dict[str, plan.MemoryEntry]
+        self,
+        rules: routing.Routing,
+        memory: dict[str, plan.MemoryEntry],
+        *,
+        deadline: float | None = None,
     ) -> list[plan.EnvPlan]:
-        """Plan every environment of every tree. Reads only what changed since the last call."""
+        """Plan every environment of every tree. Reads only what changed since the last call;
+        past ``deadline`` (``time.monotonic``) a module not known yet is not read ("not
+        checked: the check ran past its time budget", read at the next check)."""
+        self.deadline = deadline
         slots = self.slot_envs()
         self.sources.next_survey()
         plans: list[plan.EnvPlan] = []
@@ -333,7 +341,7 @@ class Surveyor:
             modules_seen.append(so)
             wanted = [*needs[module].names, *needs[module].unbuildable]
             try:
-                scan = self.registry.scan(so, wanted, io=io)
+                scan = self.registry.scan(so, wanted, io=io, deadline=self.deadline)
                 facts = (
                     plan.ModuleFacts(so, exists=False)
                     if scan is None

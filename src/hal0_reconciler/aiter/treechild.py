@@ -6,8 +6,10 @@ gid and uid for good (checked with ``getresuid``/``getresgid``, and that root ca
 then answers one JSON request per message until the socket closes. Each request names a tree root
 by index and a path relative to it; the path is resolved beneath the root with ``treefs`` (no
 link followed). An opened file is answered with its fd (``SCM_RIGHTS``), so the parent reads
-bytes the owner could read, through a descriptor, never by a path. Bulk input (a file to write)
-comes as a sealed memfd the same way.
+bytes the owner could read, through a descriptor, never by a path. A module is scanned here
+(``scan``: ``modulescan``'s bounded reads) and only the names found go back: root never holds
+the bytes of a file the owner can change. Bulk input (a file to write, the names to look for)
+comes as a memfd the same way.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from hal0_reconciler import boundedread
-from hal0_reconciler.aiter import owner_heal_child, treefs
+from hal0_reconciler.aiter import modulescan, owner_heal_child, treefs
 
 MAX_MESSAGE = 160 * 1024
 """Largest request or answer, in bytes (a socket message; larger input goes by fd)."""
@@ -28,6 +31,8 @@ MAX_NAMES = 2000
 """A listing of more names than this is refused (its answer would not fit one message)."""
 MAX_WRITE = 1 << 20
 """Largest file the child writes (manifests, journals)."""
+MAX_SCAN_NAMES = 16 << 20
+"""Largest list of names (JSON) a scan is asked about."""
 
 
 def drop_to(uid: int, gid: int, groups: list[int]) -> str | None:
@@ -84,6 +89,8 @@ class Child:
             if op == "open":
                 fd = treefs.open_regular(root, rel)
                 return {"stat": treefs.stat_values(os.fstat(fd))}, [fd]
+            if op == "scan":
+                return scan(root, rel, req, fds), []
             if op == "mkdir":
                 treefs.mkdir_at(root, rel, int(req.get("mode", 0o755)) & 0o7777)
                 return {}, []
@@ -146,6 +153,32 @@ class Child:
             finally:
                 for fd in out:
                     os.close(fd)
+
+
+def scan(root: int, rel: str, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """Scan the module ``rel`` for the names in the descriptor; answer the indices of the names
+    found, the outcome and the stat at open (``modulescan``)."""
+    if len(fds) != 1:
+        return _refused("no names descriptor")
+    names = json.loads(boundedread.read_fd(fds[0], "names", max_bytes=MAX_SCAN_NAMES))
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return _refused("bad request: names is not a list of strings")
+    max_bytes = req.get("max_bytes")
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+        return _refused("bad request: no max_bytes")
+    budget = req.get("budget")
+    deadline = None if budget is None else time.monotonic() + float(budget)
+    fd = treefs.open_regular(root, rel)
+    try:
+        st = os.fstat(fd)
+        found = modulescan.scan_fd(fd, names, max_bytes=max_bytes, deadline=deadline)
+    finally:
+        os.close(fd)
+    return {
+        "stat": treefs.stat_values(st),
+        "outcome": str(found.outcome),
+        "found": [i for i, n in enumerate(names) if n in found.found],
+    }
 
 
 def _refused(reason: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ way a symlink anywhere inside the tree is an ``ELOOP`` error and ``..`` or an ab
 refused before any call.
 
 Reads go through ``boundedread`` (regular files only, never blocking, capped); a module is opened
-as an fd of a regular file (``O_NONBLOCK``, ``S_ISREG`` after ``fstat``) for mapping, never
+as an fd of a regular file (``O_NONBLOCK``, ``S_ISREG`` after ``fstat``) for bounded reads, never
 through a link. Renames, mkdir, atomic writes and ``rmtree`` act on names in folders held by fd;
 ``rmtree`` never follows a link and never crosses into another filesystem.
 """

@@ -24,7 +24,7 @@ from typing import Any
 
 import hal0_reconciler
 from hal0_reconciler import boundedread, errors
-from hal0_reconciler.aiter import owner_heal_child, treechild, treefs
+from hal0_reconciler.aiter import modulescan, owner_heal_child, treechild, treefs
 from hal0_reconciler.host import proc
 from hal0_reconciler.model import Credentials
 
@@ -147,6 +147,29 @@ class TreeIO:
         finally:
             os.close(fd)
 
+    def scan(
+        self,
+        path: PurePath | str,
+        names: list[str],
+        *,
+        max_bytes: int,
+        budget: float | None = None,
+    ) -> tuple[Stat, modulescan.Outcome, frozenset[str]]:
+        """Which of ``names`` the module ``path`` registered (``modulescan``, bounded reads), as
+        the tree's owner: its stat at open, the outcome, the names found. Raises ReadRefused
+        (not regular, a link) or OSError."""
+        data = json.dumps(names).encode()
+        answer, fd = self.call("scan", path, data=data, max_bytes=max_bytes, budget=budget)
+        if fd is not None:
+            os.close(fd)
+        try:
+            outcome = modulescan.Outcome(answer["outcome"])
+            found = frozenset(names[int(i)] for i in answer["found"])
+            st = Stat(*(int(x) for x in answer["stat"]))
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise boundedread.ReadRefused(str(path), f"a scan answered garbage: {exc}") from None
+        return st, outcome, found
+
     def mkdir(self, path: PurePath | str, mode: int = 0o755) -> None:
         self.call("mkdir", path, mode=mode)
 
@@ -186,7 +209,7 @@ class LocalTree(TreeIO):
         worker = treechild.Child([str(r.real) for r in self.roots])
         fds: list[int] = []
         try:
-            if op == "write":
+            if "data" in args:  # bulk input (a file to write, names to look for) goes by fd
                 fds = [_memfd(args.pop("data"))]
             answer, out = worker.handle({"op": op, "root": index, "path": rel, **args}, fds)
         finally:
@@ -282,7 +305,7 @@ class ChildTree(TreeIO):
             raise TreeUnavailable(0, self.dead or "the owner's child is gone", str(path))
         fds: list[int] = []
         try:
-            if op == "write":
+            if "data" in args:  # bulk input (a file to write, names to look for) goes by fd
                 fds = [_memfd(args.pop("data"))]
             self._send({"op": op, "root": index, "path": rel, **args}, fds, path)
         finally:

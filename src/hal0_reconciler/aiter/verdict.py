@@ -154,8 +154,16 @@ def _not_built(c: Case) -> str:
     return "not built yet: aiter builds it from the current tables on first use"
 
 
+NOT_CHECKED = "not checked:"
+"""How a module the check would not read starts its reason (too large, sparse, keeps
+changing, past the check's budget): degraded, never healed."""
+
+
 def _unreadable(c: Case) -> str:
-    return f"cannot read the module: {c.facts.error}"
+    error = str(c.facts.error)
+    if error.startswith(NOT_CHECKED):
+        return error
+    return f"cannot read the module: {error}"
 
 
 def _shape_unverifiable(c: Case) -> str:

@@ -4,9 +4,12 @@ A tree is handled with the credentials of its JIT folder's owner. That is safe o
 else can change the way to the tree: every ancestor of the JIT and configs folders must be owned
 by root or by that owner and writable by no one else (systemd-tmpfiles' "unsafe path transition"
 rule; a root-owned sticky folder such as ``/tmp`` is writable by others but lets no one replace
-an entry they do not own, so it passes). A symlink on the way is followed only when it is owned
-by root or by that owner. A JIT folder that does not exist yet belongs to whoever owns the
-deepest folder that does (that user would create it): nothing is there to heal.
+an entry they do not own, so it passes as an ancestor). The JIT and configs folders themselves
+must be writable by their owner alone, sticky or not: a folder others can write is nobody's tree
+(anyone could plant modules, tables or a ``.hal0-quarantine`` there). A symlink on the way is
+followed only when it is owned by root or by that owner. A JIT folder that does not exist yet
+belongs to whoever owns the deepest folder that does (that user would create it): nothing is
+there to heal.
 
 Pure: the walk (``treeowner``) gathers ``Step`` facts; this module only judges them.
 """
@@ -111,19 +114,28 @@ def judge(jit: Way, configs: Way) -> Verdict:
     refused = (
         way_problem(jit, uid, what="JIT folder", include_last=False)
         or way_problem(configs, uid, what="configs folder", include_last=False)
-        or _shared_root_jit(jit, uid)
+        or shared_folder(jit, what="JIT folder")
+        or shared_folder(configs, what="configs folder")
     )
     return Verdict(uid, jit, configs, refused)
 
 
-def _shared_root_jit(jit: Way, uid: int) -> str | None:
-    """A root-owned JIT folder others can write: root would act where they plant files."""
-    last = jit.steps[-1] if jit.steps else None
-    if uid != ROOT_UID or not jit.exists or last is None or last.is_link:
+def shared_folder(way: Way, *, what: str) -> str | None:
+    """The folder itself (an existing one, links resolved) writable by its group or every
+    user, sticky or not: nobody's tree; how to fix it is said."""
+    last = way.steps[-1] if way.steps else None
+    if not way.exists or last is None or last.is_link or not last.is_dir:
         return None
-    if last.mode & (stat.S_IWGRP | stat.S_IWOTH) and not last.mode & stat.S_ISVTX:
-        return (
-            f"JIT folder {last.path} is root's but writable by others; refused (give it to the "
-            "user who builds in it)"
-        )
-    return None
+    mode = last.mode & 0o7777
+    if mode & stat.S_IWOTH:
+        who = "every user"
+    elif mode & stat.S_IWGRP:
+        who = f"group {last.gid}"
+    else:
+        return None
+    owner = "root's" if last.uid == ROOT_UID else f"uid {last.uid}'s"
+    return (
+        f"{what} {last.path} is {owner} but writable by {who} (mode {mode:o}, sticky or not); "
+        "refused: a folder others can write is nobody's tree (chmod go-w it, or give each "
+        "user a tree of their own with its own jit_dir)"
+    )

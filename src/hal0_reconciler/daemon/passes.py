@@ -3,8 +3,9 @@
 :class:`Worker` is the one thread that takes batches from the work queue; :class:`Passes` is what
 it runs for each: re-probe the host when asked (the lane tracker holds back a demotion for the
 grace), reconcile the slots of the batch (or all of them), keep the fight detector's memory, hand
-relabelled slots to the restarter, note the outcome for status and metrics, and run the aiter
-check for the ``<aiter>`` key and every full pass (after the slots, so it never holds them up).
+relabelled slots to the restarter, note the outcome for status and metrics, and ask for an aiter
+check for the ``<aiter>`` key and every full pass (run on its own thread, ``aiterworker``: the
+slot passes never wait for it).
 The main loop reads :attr:`Passes.progress` under :attr:`Passes.lock`.
 """
 
@@ -17,7 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile, threadname
-from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
+from hal0_reconciler.daemon import (
+    aiterworker,
+    bookkeeping,
+    fights,
+    labels,
+    memory,
+    metrics,
+    selfheal,
+    workqueue,
+)
 from hal0_reconciler.daemon.progress import Progress, digest
 from hal0_reconciler.host import units
 from hal0_reconciler.host.hal0 import reader as hal0
@@ -146,6 +156,7 @@ class Passes:
         self._restarter = restarter
         self.labels = labels.LabelWatch(settings, restarter.submit)  # "label not applied"
         self._aiter = selfheal_
+        self.aiter_worker = aiterworker.AiterWorker(self._run_aiter_check)  # its own thread
         self._wake = wake
         self._book = bookkeeping.Bookkeeping(
             lock=self.lock,
@@ -225,7 +236,20 @@ class Passes:
             self._wake()
 
     def _check_aiter(self) -> None:
+        """Ask the aiter thread for a check: the slot pass never waits for it."""
+        self.aiter_worker.request()
+
+    def _run_aiter_check(self) -> None:
+        """One aiter check, on the aiter thread; then status and metrics as after a batch."""
         self._aiter.check()
+        self._note_aiter_problem()
+        with self.lock:
+            settings = self._settings
+        if settings.metrics_textfile is not None:
+            self.write_metrics(settings)
+        self._wake()
+
+    def _note_aiter_problem(self) -> None:
         problem = self._aiter.problem()
         if problem is None:
             self.clear_problem("aiter")

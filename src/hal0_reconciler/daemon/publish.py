@@ -117,7 +117,9 @@ def compose(
         line += ", POLLING (watch failed)"
     if hands_off:
         line += f", hands off: {len(hands_off)}"
-    if heal is not None and heal.get("not_converging"):
+    if heal is not None and heal.get("state") == "not checked yet":
+        line += ", aiter: not checked yet"
+    elif heal is not None and heal.get("not_converging"):
         line += f", aiter not converging: {len(heal['not_converging'])}"
     elif heal is not None and heal.get("heal_pending"):
         line += ", aiter heal pending"

@@ -230,7 +230,11 @@ class Runner:
         self._aiter.refresh_watch_paths()
         self._watcher = self._make_watcher(settings)
         try:
-            with self._restarter, passes.Worker(self._queue, self._passes.process) as worker:
+            with (
+                self._restarter,
+                self._passes.aiter_worker,  # stopped after the worker: no request comes after
+                passes.Worker(self._queue, self._passes.process) as worker,
+            ):
                 self._watcher.start()
                 self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
                 code = self._loop(worker)  # waiting for a settle window: nothing in flux yet
@@ -350,7 +354,7 @@ class Runner:
         aiter_retry_at = timers.aiter_retry_at
         if aiter_retry_at is not None and now >= aiter_retry_at:
             self._aiter.retry_taken()
-            log.info("aiter.check_retried", reason="a build was running")
+            log.info("aiter.check_retried", reason=self._aiter.retry_reason())
             self._queue.add(workqueue.Special.AITER)
 
     def _counts(self) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """The aiter self-heal as daemon work: one monitor, its checks, their summary, the retry back-off.
 
-The worker calls :meth:`SelfHeal.check` for the ``<aiter>`` key and at every full pass. A check
+The aiter thread (``aiterworker``) calls :meth:`SelfHeal.check` when the worker asks for one (the
+``<aiter>`` key, every full pass). A check
 never stops the slot work: an exception is one ``aiter.check_failed`` event and the daemon goes
 on; after ``FAILING_AFTER`` failures in a row it is a status problem until a check succeeds. A
 check that cannot run at all (a ``ReconcilerError``: the process table is hidden, the routing
@@ -53,7 +54,7 @@ def aiter_monitor(settings: Settings) -> AiterCheck:
     aiter tree never loads it."""
     from hal0_reconciler.aiter import monitor  # noqa: PLC0415 - see above
 
-    return monitor.AiterMonitor(settings)
+    return monitor.AiterMonitor(settings, budget=settings.aiter.check_budget)
 
 
 def window(settings: Settings) -> workqueue.Window:
@@ -84,13 +85,15 @@ class _State:
     last_quarantine: str | None = None
     retry_delay: float = 0.0
     retry_at: float | None = None  # monotonic
+    retry_reason: str = ""
+    over_budget: bool = False  # the last check ran past its budget (said once per stretch)
     checked_at: float | None = None  # wall clock
     summary: dict[str, Any] = field(default_factory=dict)
     uncovered: int = 0
 
 
 class SelfHeal:
-    """Owned by the runner; ``check`` runs on the worker, the rest on the main loop."""
+    """Owned by the runner; ``check`` runs on the aiter thread, the rest on the main loop."""
 
     def __init__(
         self, settings: Settings, *, factory: AiterFactory, clock: workqueue.Clock
@@ -136,6 +139,10 @@ class SelfHeal:
         """Grows with every check, failed or not (the main loop republishes status then)."""
         with self._lock:
             return self._state.checks + self._state.failures_total
+
+    def retry_reason(self) -> str:
+        with self._lock:
+            return self._state.retry_reason or "a build was running"
 
     def retry_taken(self) -> None:
         with self._lock:
@@ -214,9 +221,24 @@ class SelfHeal:
             s.heals += sum(len(h.modules) for h in healed)
             if healed:
                 s.last_quarantine = healed[-1].quarantine
-            if report.retry_soon:
+            over_budget = report.over_budget
+            if over_budget and not s.over_budget:  # said once; degraded while it lasts
+                log.warning(
+                    "aiter.check_over_budget",
+                    budget=self._settings.aiter.check_budget,
+                    effect="the modules not read yet are read at the next check; degraded",
+                )
+            elif s.over_budget and not over_budget:
+                log.info("aiter.check_within_budget")
+            s.over_budget = over_budget
+            if report.retry_soon or over_budget:
                 s.retry_delay = min(RETRY_MAX, s.retry_delay * 2 if s.retry_delay else RETRY_FIRST)
                 s.retry_at = self._clock.monotonic() + s.retry_delay
+                s.retry_reason = (
+                    "a build was running"
+                    if report.retry_soon
+                    else "the last check ran past its time budget"
+                )
             else:
                 s.retry_delay = 0.0
                 s.retry_at = None
@@ -243,10 +265,13 @@ class SelfHeal:
                 "refused": sorted({b for h in report.heals for b in h.refused}),
                 "errors": list(report.errors),
                 "not_checked": [  # refused trees, slot paths outside the trees: degraded
-                    f"{p.tree} [{p.environment}]: {why}"
-                    for p in report.plans
-                    for why in p.problems[:1]
-                    if not p.checked and why.startswith(_NOT_CHECKED)
+                    *(
+                        f"{p.tree} [{p.environment}]: {why}"
+                        for p in report.plans
+                        for why in p.problems[:1]
+                        if not p.checked and why.startswith(_NOT_CHECKED)
+                    ),
+                    *report.modules_not_checked,  # too large, sparse, keeps changing, budget
                 ],
             }
 
@@ -280,6 +305,7 @@ class SelfHeal:
                 retry = round(max(0.0, s.retry_at - self._clock.monotonic()), 1)
             return {
                 **s.summary,
+                "state": "not checked yet" if s.checks + s.failures_total == 0 else "checked",
                 "checks": s.checks,
                 "checked_at": s.checked_at,
                 "failures_in_a_row": s.failures_in_a_row,

@@ -103,6 +103,8 @@ def _aiter_lines(summary: dict[str, Any]) -> list[str]:
     """The aiter self-heal's part of the report (nothing when no tree is configured)."""
     if not summary:
         return []
+    if summary.get("state") == "not checked yet":
+        return ["  aiter:      not checked yet"]
     inert = console.inert
     counts = sorted((summary.get("verdicts") or {}).items())
     verdicts = ", ".join(f"{inert(n)} {inert(v)}" for v, n in counts) or "no modules"

@@ -1,0 +1,230 @@
+"""The owner's child's request loop (``treechild``): what it refuses, what it closes, its caps.
+
+Driven three ways: ``Child.handle`` directly (what root's own trees run in-process), ``Child.serve``
+over a real ``SOCK_SEQPACKET`` pair in a thread (the loop itself), and a real child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+
+from hal0_reconciler import boundedread
+from hal0_reconciler.aiter import owner_heal_child, treechild, treefs, treeio
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "m.so").write_bytes(b"\x7fELF\0kernel_a\0" + b"\1" * 4096)
+    return tree
+
+
+@pytest.fixture
+def served(root: Path) -> Iterator[socket.socket]:
+    """Our end of a socket whose other end a ``Child.serve`` loop answers, in a thread."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.settimeout(10)
+    loop = threading.Thread(
+        target=treechild.Child([str(root)], theirs).serve, args=(theirs,), daemon=True
+    )
+    loop.start()
+    try:
+        yield ours
+    finally:
+        ours.close()
+        loop.join(10)
+        theirs.close()
+    assert not loop.is_alive()
+
+
+def _ask(sock: socket.socket, req: object, fds: list[int] | None = None) -> dict[str, Any]:
+    data = json.dumps(req).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+    msg, got, _flags, _addr = socket.recv_fds(sock, treechild.MAX_MESSAGE, 2)
+    for fd in got:
+        os.close(fd)
+    answer = json.loads(msg)
+    assert isinstance(answer, dict)
+    return answer
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("test")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def test_a_root_index_out_of_range_is_outside_every_tree(root: Path) -> None:
+    child = treechild.Child([str(root)])
+    for index in (1, -1, "0", None):
+        with pytest.raises(treefs.OutsideTree):
+            child.handle({"op": "lstat", "root": index, "path": "m.so"}, [])
+
+
+def test_unknown_operations_and_missing_descriptors_are_refused(root: Path) -> None:
+    child = treechild.Child([str(root)])
+    assert {"refused": "unknown operation 'chmod'"} == child.handle(
+        {"op": "chmod", "root": 0, "path": "m.so"}, []
+    )[0]
+    assert {"refused": "no data descriptor"} == child.handle(
+        {"op": "write", "root": 0, "path": "new"}, []
+    )[0]
+    assert {"refused": "no names descriptor"} == child.handle(
+        {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}, []
+    )[0]
+    assert not (root / "new").exists()
+
+
+@pytest.mark.parametrize("op", sorted(owner_heal_child.OPS))
+def test_a_heal_operation_runs_only_in_the_owners_child(root: Path, op: str) -> None:
+    """Without the socket to root's digest book (root's own tree, in-process) a heal
+    operation is refused, nothing moved."""
+    before = sorted(os.listdir(root))
+    answer, fds = treechild.Child([str(root)]).handle({"op": op, "root": 0, "path": "."}, [])
+    assert ({"refused": "a heal runs only in the owner's child"}, []) == (answer, fds)
+    assert before == sorted(os.listdir(root))
+
+
+def test_a_folder_made_through_the_child_has_the_mode_asked(root: Path) -> None:
+    old = os.umask(0)
+    try:
+        treechild.Child([str(root)]).handle(
+            {"op": "mkdir", "root": 0, "path": "q", "mode": 0o750}, []
+        )
+        treechild.Child([str(root)]).handle({"op": "mkdir", "root": 0, "path": "d"}, [])
+    finally:
+        os.umask(old)
+    assert 0o750 == stat.S_IMODE((root / "q").stat().st_mode)
+    assert 0o755 == stat.S_IMODE((root / "d").stat().st_mode)
+
+
+def test_a_scan_names_list_that_is_not_strings_is_refused(root: Path) -> None:
+    for names in ({"kernel_a": 1}, ["kernel_a", 3], "kernel_a"):
+        fd = _memfd(json.dumps(names).encode())
+        try:
+            answer, _ = treechild.Child([str(root)]).handle(
+                {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}, [fd]
+            )
+        finally:
+            os.close(fd)
+        assert {"refused": "bad request: names is not a list of strings"} == answer
+
+
+def test_a_scan_answers_indices_of_the_names_found_and_closes_the_module(root: Path) -> None:
+    """Root's own tree in-process: the module's fd is closed after the scan (thousands of
+    checks must not leak one each)."""
+    io = treeio.local_at(root)
+    before = _fds()
+    for _ in range(3):
+        st, outcome, found = io.scan(
+            root / "m.so", ["kernel_b", "kernel_a", "ELF"], max_bytes=1 << 20
+        )
+        assert (str(outcome), found, st.size) == ("scanned", frozenset({"kernel_a", "ELF"}), 4110)
+    assert before == _fds()
+    names_fd = _memfd(b'["nope", "kernel_a"]')
+    try:
+        answer, _ = treechild.Child([str(root)]).handle(
+            {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}, [names_fd]
+        )
+    finally:
+        os.close(names_fd)
+    assert ([1], "scanned") == (answer["found"], answer["outcome"])
+
+
+def test_a_scan_without_its_cap_is_refused(root: Path) -> None:
+    for cap in ({}, {"max_bytes": "1048576"}, {"max_bytes": True}, {"max_bytes": None}):
+        fd = _memfd(b'["kernel_a"]')
+        try:
+            answer, _ = treechild.Child([str(root)]).handle(
+                {"op": "scan", "root": 0, "path": "m.so", **cap}, [fd]
+            )
+        finally:
+            os.close(fd)
+        assert {"refused": "bad request: no max_bytes"} == answer
+
+
+def test_a_bad_root_index_answers_no_errno_the_parent_could_mistake(
+    served: socket.socket,
+) -> None:
+    """Not EPERM (root would take it for a folder the owner cannot read): errno 0."""
+    answer = _ask(served, {"op": "list", "root": 7, "path": "."})
+    assert 0 == answer["errno"]
+    with pytest.raises(OSError) as caught:
+        treeio._checked(answer, "x")  # the parent's reading of the answer
+    assert type(caught.value) is OSError
+
+
+def test_a_request_that_is_not_an_object_is_a_bad_request(served: socket.socket) -> None:
+    assert {"refused": "bad request: not an object"} == _ask(served, ["lstat", 0, "m.so"])
+    assert "stat" in _ask(served, {"op": "lstat", "root": 0, "path": "m.so"})  # still serving
+
+
+def test_the_loop_closes_every_descriptor_it_is_sent(served: socket.socket, root: Path) -> None:
+    """Descriptors that come with requests (data to write, names to look for, or none
+    expected) are closed once the request is answered, whatever the answer."""
+    before = _fds()
+    sent = [_memfd(b'["kernel_a"]') for _ in range(3)]
+    try:
+        _ask(served, {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}, [sent[0]])
+        _ask(served, {"op": "lstat", "root": 0, "path": "m.so"}, [sent[1]])
+        _ask(served, {"op": "write", "root": 0, "path": "w", "mode": 0o644}, [sent[2]])
+    finally:
+        for fd in sent:
+            os.close(fd)
+    assert before == _fds()
+    assert b'["kernel_a"]' == (root / "w").read_bytes()
+
+
+def _names_of_length(total: int) -> list[str]:
+    """File names whose listing answer (``{"names": [...]}``) is exactly ``total`` bytes."""
+    overhead = len(json.dumps({"names": []}))
+    each = 200
+    count, rest = divmod(total - overhead + 2, each + 4)  # '"<name>", ' per name, less the last
+    names = [f"{i:05d}".ljust(each, "n") for i in range(count)]
+    names[-1] = names[-1] + "x" * rest  # longer: the answer is exactly ``total`` bytes
+    assert total == len(json.dumps({"names": sorted(names)}))
+    return names
+
+
+MESSAGE_CAP = 160 * 1024  # docs/aiter-trees.md: one socket message, 160 KiB at most
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_an_answer_over_one_message_is_refused_and_one_at_the_cap_is_not(
+    tmp_path: Path, over: int
+) -> None:
+    """A listing whose answer is just over ``MAX_MESSAGE`` (160 KiB) is "answer too large";
+    at the cap it is answered (through a real child)."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    assert MESSAGE_CAP == treechild.MAX_MESSAGE
+    for name in _names_of_length(MESSAGE_CAP + over):
+        (folder / name).touch()
+    roots = (treeio.Root(PurePosixPath(folder), PurePosixPath(folder)),)
+    io = treeio.ChildTree(roots, treeio.ROOT, timeout=20)
+    try:
+        if over:
+            with pytest.raises(boundedread.ReadRefused, match="answer too large"):
+                io.listdir(folder)
+        else:
+            assert len(os.listdir(folder)) == len(io.listdir(folder))
+    finally:
+        io.close()
