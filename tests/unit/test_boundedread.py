@@ -108,3 +108,23 @@ def test_a_device_node_is_only_ever_pinned_never_opened_for_reading(tmp_path: Pa
     opens = [line for line in trace.read_text().splitlines() if str(node) in line]
     assert 1 == len(opens), opens
     assert "O_PATH" in opens[0]
+
+
+def test_a_procfs_file_reporting_size_0_is_still_capped() -> None:
+    """``/proc`` files say ``st_size`` 0 whatever they hold: the cap holds by the bytes read."""
+    path = f"/proc/{os.getpid()}/status"
+    whole = boundedread.read_bounded(path, max_bytes=1 << 20)
+    assert whole is not None
+    assert 0 == os.stat(path).st_size
+    assert len(whole) > 200
+    with pytest.raises(boundedread.ReadRefused, match="limit"):
+        boundedread.read_bounded(path, max_bytes=200)
+    assert whole[:50] == (boundedread.read_bounded(path, max_bytes=len(whole) + 64) or b"")[:50]
+
+
+def test_a_file_exactly_at_its_cap_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    assert b"x" * 100 == boundedread.read_bounded(path, max_bytes=100)
+    with pytest.raises(boundedread.ReadRefused, match="99-byte limit \\(100 bytes\\)"):
+        boundedread.read_bounded(path, max_bytes=99)
