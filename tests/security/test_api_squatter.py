@@ -322,6 +322,14 @@ def test_the_accepted_owners_are_root_and_hal0_apis_user(
     assert frozenset({0, attacker.uid}) == hal0_api.accepted_uids(
         settings_mod.load(None, {"hal0_api_unit_dirs": [str(bare)]})
     )
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "hal0-api.service").symlink_to(unit_dir / "hal0-api.service")  # systemctl link
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / "hal0-api.service").write_text("[Service]\nUser=nobody\n")  # hidden by the first
+    both = settings_mod.load(None, {"hal0_api_unit_dirs": [str(linked), str(later)]})
+    assert frozenset({0, attacker.uid}) == hal0_api.accepted_uids(both)
 
 
 def test_no_hal0_api_unit_trusts_root_alone_against_a_listening_user(

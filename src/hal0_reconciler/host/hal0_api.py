@@ -104,7 +104,9 @@ def service_user(settings: Settings) -> str:
     user: str | None = None
     for path in _unit_files(settings):
         try:
-            text = boundedread.read_bounded_text(path, max_bytes=_UNIT_MAX, missing_ok=True)
+            text = boundedread.read_bounded_text(
+                path, max_bytes=_UNIT_MAX, missing_ok=True, follow_links=True
+            )  # systemd's folders are root's: a link there is root's (systemctl link), followed
         except boundedread.ReadRefused as exc:
             log.warning("api.unit_unreadable", path=exc.path, reason=exc.reason)
             continue
@@ -120,8 +122,9 @@ def _unit_files(settings: Settings) -> list[Path]:
     of every folder, by name; a name in an earlier folder hides the later ones)."""
     found: list[Path] = []
     for folder in settings.hal0_api_unit_dirs:
-        if (folder / settings.hal0_api_unit).exists():
-            found.append(folder / settings.hal0_api_unit)
+        unit = folder / settings.hal0_api_unit
+        if os.path.lexists(unit):
+            found.append(unit)
             break
     drop_ins: dict[str, Path] = {}
     for folder in settings.hal0_api_unit_dirs:
