@@ -55,7 +55,7 @@ with capture_logs() as logs:
         outcome = ["answered", client.get("/api/health").body]
     except hal0_api.ApiError as exc:
         outcome = [type(exc).__name__, str(exc)]
-events = [{k: v for k, v in e.items() if k in ("event", "uid", "address")} for e in logs]
+events = [{k: v for k, v in e.items() if k in ("event", "uid", "address", "action")} for e in logs]
 print(json.dumps({"netlink": netlink, "order": order, "outcome": outcome, "events": events}))
 """
 
@@ -149,8 +149,8 @@ def test_localhost_tries_127_0_0_1_after_refusing_the_attackers_ipv6_listener(
     assert ["::1", "127.0.0.1"] == result["order"], "the private /etc/hosts is not in effect"
     assert ["answered", {"status": "ok", "by": "root"}] == result["outcome"]
     events = result["events"]
-    assert [(attacker.uid, f"[::1]:{port}")] == [
-        (e["uid"], e["address"])
+    assert [(attacker.uid, f"[::1]:{port}", True)] == [
+        (e["uid"], e["address"], e["action"].endswith("the next address is tried"))
         for e in events
         if e["event"] == "api.untrusted_listener"  # type: ignore[attr-defined]
     ]
@@ -194,3 +194,5 @@ def test_every_address_refused_reports_the_untrusted_one(
         ]
         result = _run(with_hosts, f"http://localhost:{port}", tmp_path)
     assert "ApiUntrusted" == result["outcome"][0], result  # type: ignore[index]
+    last = [e for e in result["events"] if e["event"] == "api.untrusted_listener"]  # type: ignore[attr-defined]
+    assert last[-1]["action"].endswith("the next address is tried")  # [::1] came first

@@ -95,6 +95,7 @@ def test_a_port_squatter_gets_no_key_and_its_200_is_not_believed(
     untrusted = [e for e in logs if e["event"] == "api.untrusted_listener"]
     assert untrusted
     assert attacker.uid == untrusted[0]["uid"]
+    assert untrusted[0]["action"].endswith("hal0's API counts as unavailable")  # no other address
     attacks.held("api-port-squatter")
 
 

@@ -150,7 +150,7 @@ def accepted_uids(settings: Settings) -> frozenset[int]:
         except KeyError:
             uids = {0}
     delegate = caller.delegating_uid()
-    if delegate is not None and delegate != 0:
+    if delegate is not None:
         uids.discard(delegate)
     return frozenset(uids)
 
