@@ -66,20 +66,17 @@ def _holds_path(hint: Any) -> bool:
     return any(_holds_path(arg) for arg in typing.get_args(hint))
 
 
-def chosen_for_root(overrides: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+def chosen_for_root(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The ``--set`` names (dotted) a delegated caller may not set, with what each chooses."""
     hints = typing.get_type_hints(settings_mod.Settings)
     refused: list[tuple[str, str]] = []
     for key, value in overrides.items():
-        name = prefix + key
-        if name in CHOOSERS:
-            refused.append((name, CHOOSERS[name]))
-            continue
-        hint = hints.get(key) if not prefix else None
-        if isinstance(value, Mapping) and key == "aiter":
-            refused += _nested(value, name)
-        elif hint is not None and _holds_path(hint):
-            refused.append((name, "a path root reads or writes"))
+        if key in CHOOSERS:
+            refused.append((key, CHOOSERS[key]))
+        elif key == "aiter" and isinstance(value, Mapping):
+            refused += _nested(value, key)
+        elif key in hints and _holds_path(hints[key]):
+            refused.append((key, "a path root reads or writes"))
     return refused
 
 
@@ -88,7 +85,7 @@ def _nested(overrides: Mapping[str, Any], table: str) -> list[tuple[str, str]]:
     return [
         (f"{table}.{key}", "a path root reads or writes")
         for key in overrides
-        if key not in hints or _holds_path(hints[key])
+        if key in hints and _holds_path(hints[key])
     ]
 
 
