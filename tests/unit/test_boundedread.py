@@ -128,3 +128,69 @@ def test_a_file_exactly_at_its_cap_is_read(tmp_path: Path) -> None:
     assert b"x" * 100 == boundedread.read_bounded(path, max_bytes=100)
     with pytest.raises(boundedread.ReadRefused, match="99-byte limit \\(100 bytes\\)"):
         boundedread.read_bounded(path, max_bytes=99)
+
+
+def test_no_fd_is_left_open_by_reads_and_refusals(tmp_path: Path) -> None:
+    """Every read and every refusal closes what it opened (the pinned fd and the read one)."""
+    good = tmp_path / "good"
+    good.write_bytes(b"x" * 10)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 100)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        boundedread.read_bounded(good, max_bytes=64)
+        for refused in (big, fifo, tmp_path):
+            with pytest.raises(boundedread.ReadRefused):
+                boundedread.read_bounded(refused, max_bytes=64)
+    assert before == len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_that_fails_when_read_is_refused_in_words() -> None:
+    """``/proc/<pid>/mem`` is a regular file whose read at offset 0 fails (EIO)."""
+    with pytest.raises(boundedread.ReadRefused, match=r"cannot be read \(input/output error\)"):
+        boundedread.read_bounded(f"/proc/{os.getpid()}/mem", max_bytes=1 << 20)
+
+
+_WITHOUT_PROC = """
+import os, sys
+from hal0_reconciler import boundedread
+folder = sys.argv[1]
+print(boundedread.read_bounded(os.path.join(folder, "good"), max_bytes=64).decode())
+for name in ("fifo", "link", "sub", "big"):
+    try:
+        boundedread.read_bounded(os.path.join(folder, name), max_bytes=64)
+    except boundedread.ReadRefused as exc:
+        print(name, exc.reason)
+"""
+
+
+def test_without_proc_the_plain_open_is_checked_the_same(tmp_path: Path) -> None:
+    """No /proc (a private mount namespace hides it): the file is opened by name, non-blocking
+    and not following a link, and judged the same."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to hide /proc")
+    (tmp_path / "good").write_text("hello")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "good")
+    (tmp_path / "sub").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(boundedread.__file__).parents[1])}
+    script = 'mount -t tmpfs none /proc && exec "$0" "$@"'
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+    done = subprocess.run(
+        [*argv, sys.executable, "-c", _WITHOUT_PROC, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert [
+        "hello",
+        "fifo a FIFO, not a regular file",
+        "link a symlink (never followed)",
+        "sub a folder, not a regular file",
+        "big larger than the 64-byte limit (100 bytes)",
+    ] == done.stdout.splitlines(), done.stderr
