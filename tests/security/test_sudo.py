@@ -186,6 +186,7 @@ def test_a_sudo_run_takes_systemctl_from_roots_own_folder_whatever_the_settings_
         (("plan", "--set=aiter.routing_file=/x"), "--set aiter.routing_file (a path"),
         (("probe", "--user=root"), "--user (the user root runs the probe as)"),
         (("reload", "--pid=1"), "--pid (the process root signals)"),
+        (("run",), "run (the daemon is systemd's to start"),
         (("aiter", "plan", "--package-dir={tmp}"), "--package-dir (a path"),
     ],
 )

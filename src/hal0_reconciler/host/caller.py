@@ -6,7 +6,8 @@ or ``SUDO_UID``/``PKEXEC_UID``/``DOAS_USER`` names another user), the command li
 choose a program root runs (``systemctl``), a peer root talks to (``api_url``), a user root
 trusts (``hal0_api_user``, ``hal0_api_unit``, ``service_user``), a process root signals
 (``reload --pid``), or any path root reads or writes (``--config``, the folder and file flags,
-every path setting, ``HAL0_HOME``); ``systemctl`` is run from a fixed root-owned path; and the
+every path setting, ``HAL0_HOME``), nor start the daemon (``run``); ``systemctl`` is run from a
+fixed root-owned path; and the
 caller's uid is never trusted as hal0-api's owner. What stays: the verbs, numbers, switches
 and log choices (docs/security.md, "Running it through sudo").
 """
@@ -95,6 +96,8 @@ def refusals(
     """Why a delegated run is refused (empty: it may run): ``flags`` are the parsed command
     line's values (a path flag given, ``pid``), ``overrides`` the ``--set`` table."""
     why: list[str] = []
+    if flags.get("verb") == "run":
+        why.append("run (the daemon is systemd's to start: systemctl start hal0-reconciler)")
     for flag, value in flags.items():
         if isinstance(value, Path):
             why.append(f"--{flag.replace('_', '-')} (a path root reads or writes)")
