@@ -158,3 +158,12 @@ def test_an_aborted_client_sends_nothing(tmp_path: Path) -> None:
         with pytest.raises(hal0_api.ApiAborted):
             client.get("/api/health")
     assert [] == seen
+
+
+def test_a_url_without_a_port_means_port_80(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 80)) == 0:
+            pytest.skip("something listens on port 80 here")
+    client = hal0_api.Hal0Client(_settings(tmp_path, "http://127.0.0.1/"))
+    with pytest.raises(hal0_api.ApiRefused, match=r"at 127\.0\.0\.1:80$"):
+        client.get("/api/health")
