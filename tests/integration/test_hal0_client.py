@@ -49,7 +49,9 @@ def test_only_http_to_a_host_is_called(tmp_path: Path, url: str) -> None:
 
 
 @contextmanager
-def keep_alive_server(*, close_after: int) -> Iterator[tuple[int, list[bytes]]]:
+def keep_alive_server(
+    *, close_after: int, answer: bool = True
+) -> Iterator[tuple[int, list[bytes]]]:
     """Root's HTTP/1.1 server that answers ``close_after`` requests on a connection (keeping it
     alive, as it says), then closes it without a word; yields its port and each request."""
     srv = socket.socket()
@@ -77,6 +79,8 @@ def keep_alive_server(*, close_after: int) -> Iterator[tuple[int, list[bytes]]]:
                     if not data:
                         break
                     seen.append(data)
+                    if not answer:
+                        break  # read, then closed without a word
                     body = b'{"n": %d}' % len(seen)
                     conn.sendall(
                         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -167,3 +171,13 @@ def test_a_url_without_a_port_means_port_80(tmp_path: Path) -> None:
     client = hal0_api.Hal0Client(_settings(tmp_path, "http://127.0.0.1/"))
     with pytest.raises(hal0_api.ApiRefused, match=r"at 127\.0\.0\.1:80$"):
         client.get("/api/health")
+
+
+def test_a_new_connection_closed_without_an_answer_is_an_error_sent_once(tmp_path: Path) -> None:
+    """Only a kept-alive connection is asked again: on a new one, hal0 closing without an
+    answer is an API error, and the request went out once."""
+    with keep_alive_server(close_after=1, answer=False) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        with pytest.raises(hal0_api.ApiError, match=r"hal0 API call failed at 127\.0\.0\.1"):
+            client.get("/api/health")
+    assert 1 == len(seen)
