@@ -50,7 +50,7 @@ def test_only_http_to_a_host_is_called(tmp_path: Path, url: str) -> None:
 
 @contextmanager
 def keep_alive_server(
-    *, close_after: int, answer: bool = True
+    *, close_after: int, answer: bool = True, status: bytes = b"200 OK", body: bytes | None = None
 ) -> Iterator[tuple[int, list[bytes]]]:
     """Root's HTTP/1.1 server that answers ``close_after`` requests on a connection (keeping it
     alive, as it says), then closes it without a word; yields its port and each request."""
@@ -81,10 +81,10 @@ def keep_alive_server(
                     seen.append(data)
                     if not answer:
                         break  # read, then closed without a word
-                    body = b'{"n": %d}' % len(seen)
+                    text = body if body is not None else b'{"n": %d}' % len(seen)
                     conn.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (status, len(text), text)
                     )
                     del n
 
@@ -181,3 +181,34 @@ def test_a_new_connection_closed_without_an_answer_is_an_error_sent_once(tmp_pat
         with pytest.raises(hal0_api.ApiError, match=r"hal0 API call failed at 127\.0\.0\.1"):
             client.get("/api/health")
     assert 1 == len(seen)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "line"),
+    [
+        (
+            b"400 Bad Request",
+            b'{"error": {"code": "slot.bad", "message": "no"}}',
+            "400 slot.bad: no",
+        ),
+        (b"404 Not Found", b'{"detail": "Not Found"}', "404: Not Found"),
+        (b"500 Internal Server Error", b"not json", "500"),
+    ],
+)
+def test_an_error_answer_is_an_http_error_with_hals_words(
+    tmp_path: Path, status: bytes, body: bytes, line: str
+) -> None:
+    with keep_alive_server(close_after=1, status=status, body=body) as (port, _seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        with pytest.raises(hal0_api.ApiHttpError) as caught:
+            client.get("/api/slots/x")
+        client.close()
+    assert f"hal0 API answered {line}" == str(caught.value)
+    assert int(status[:3]) == caught.value.status
+
+
+def test_a_399_answer_is_an_answer(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1, status=b"399 Odd", body=b'{"a": 1}') as (port, _s):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        assert hal0_api.Answer(399, {"a": 1}) == client.get("/api/x")
+        client.close()
