@@ -158,6 +158,7 @@ import os, sys
 from hal0_reconciler import boundedread
 folder = sys.argv[1]
 print(boundedread.read_bounded(os.path.join(folder, "good"), max_bytes=64).decode())
+print(boundedread.read_bounded(os.path.join(folder, "link"), max_bytes=64, follow_links=True).decode())
 for name in ("fifo", "link", "sub", "big"):
     try:
         boundedread.read_bounded(os.path.join(folder, name), max_bytes=64)
@@ -189,8 +190,41 @@ def test_without_proc_the_plain_open_is_checked_the_same(tmp_path: Path) -> None
     )
     assert [
         "hello",
+        "hello",
         "fifo a FIFO, not a regular file",
         "link a symlink (never followed)",
         "sub a folder, not a regular file",
         "big larger than the 64-byte limit (100 bytes)",
     ] == done.stdout.splitlines(), done.stderr
+
+
+def test_a_fifo_is_never_opened_for_reading(tmp_path: Path) -> None:
+    """A writer waits in ``open()`` on a FIFO until someone opens it for reading: after the
+    refusal it is still waiting, so the FIFO was only pinned, never opened (without strace)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'wb')"])
+    try:
+        with pytest.raises(boundedread.ReadRefused) as caught:
+            boundedread.read_bounded(fifo, max_bytes=10)
+        assert f"{fifo}: a FIFO, not a regular file" == str(caught.value)
+        with pytest.raises(subprocess.TimeoutExpired):
+            writer.wait(0.5)  # still blocked: no reader ever came
+    finally:
+        writer.kill()
+        writer.wait(10)
+
+
+def test_a_parent_that_is_a_file_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    below = tmp_path / "file" / "below"
+    assert boundedread.read_bounded(below, max_bytes=10, missing_ok=True) is None
+    with pytest.raises(boundedread.ReadRefused, match=r"missing \(a parent is not a folder\)"):
+        boundedread.read_bounded(below, max_bytes=10)
+    assert boundedread.read_bounded_text(below, max_bytes=10, missing_ok=True) is None
+
+
+def test_text_of_a_missing_file_is_refused_unless_allowed(tmp_path: Path) -> None:
+    with pytest.raises(boundedread.ReadRefused, match="missing"):
+        boundedread.read_bounded_text(tmp_path / "none", max_bytes=10)
+    assert boundedread.read_bounded_text(tmp_path / "none", max_bytes=10, missing_ok=True) is None
