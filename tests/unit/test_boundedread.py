@@ -228,3 +228,16 @@ def test_text_of_a_missing_file_is_refused_unless_allowed(tmp_path: Path) -> Non
     with pytest.raises(boundedread.ReadRefused, match="missing"):
         boundedread.read_bounded_text(tmp_path / "none", max_bytes=10)
     assert boundedread.read_bounded_text(tmp_path / "none", max_bytes=10, missing_ok=True) is None
+
+
+def test_an_open_fd_is_read_capped_and_left_open(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"hello")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert b"hello" == boundedread.read_fd(fd, path, max_bytes=5)
+        os.lseek(fd, 0, os.SEEK_SET)  # still open
+        with pytest.raises(boundedread.ReadRefused, match="4-byte limit"):
+            boundedread.read_fd(fd, path, max_bytes=4)
+    finally:
+        os.close(fd)
