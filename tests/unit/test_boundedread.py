@@ -241,3 +241,13 @@ def test_an_open_fd_is_read_capped_and_left_open(tmp_path: Path) -> None:
             boundedread.read_fd(fd, path, max_bytes=4)
     finally:
         os.close(fd)
+
+
+def test_an_open_fd_that_is_not_a_regular_file_is_refused() -> None:
+    read_end, write_end = os.pipe()
+    os.close(write_end)  # an end of file, should anything read it
+    try:
+        with pytest.raises(boundedread.ReadRefused, match="a FIFO, not a regular file"):
+            boundedread.read_fd(read_end, "a pipe", max_bytes=10)
+    finally:
+        os.close(read_end)
