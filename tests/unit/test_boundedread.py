@@ -251,3 +251,9 @@ def test_an_open_fd_that_is_not_a_regular_file_is_refused() -> None:
             boundedread.read_fd(read_end, "a pipe", max_bytes=10)
     finally:
         os.close(read_end)
+
+
+def test_a_path_that_cannot_be_opened_is_refused_in_words(tmp_path: Path) -> None:
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        boundedread.read_bounded(tmp_path / ("x" * 300), max_bytes=10)
+    assert "cannot be opened (file name too long)" == caught.value.reason
