@@ -183,6 +183,7 @@ def test_a_sudo_run_takes_systemctl_from_roots_own_folder_whatever_the_settings_
         (("plan", "--set=state_dir={tmp}"), "--set state_dir (a path"),
         (("plan", "--set=metrics_textfile={tmp}/m.prom"), "--set metrics_textfile (a path"),
         (("plan", "--set=aiter.trees=x"), "--set aiter.trees (a path"),
+        (("plan", "--set=aiter=x"), "--set aiter (a path"),
         (("plan", "--set=aiter.routing_file=/x"), "--set aiter.routing_file (a path"),
         (("probe", "--user=root"), "--user (the user root runs the probe as)"),
         (("reload", "--pid=1"), "--pid (the process root signals)"),
