@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,6 +13,22 @@ import pytest
 from hal0_reconciler import settings as settings_mod
 from helpers.hal0_tree import Hal0Tree
 from helpers.hosts import DATA
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started with ``sudo`` is root's own run: the variables that mark a command run
+    for another user are dropped for it and its children (tests/security/test_sudo.py sets
+    them where it means to)."""
+    del config
+    for variable in (
+        "SUDO_UID",
+        "SUDO_GID",
+        "SUDO_USER",
+        "SUDO_COMMAND",
+        "PKEXEC_UID",
+        "DOAS_USER",
+    ):
+        os.environ.pop(variable, None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

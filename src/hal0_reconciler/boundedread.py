@@ -148,13 +148,9 @@ def kind_of_mode(mode: int) -> str:
 
 
 def _open_failure(exc: OSError) -> str:
-    if exc.errno == errno.ELOOP:
+    if exc.errno == errno.ELOOP:  # pinned as a link, or swapped for one before the plain open
         return "a symlink (never followed)"
-    if exc.errno == errno.ENXIO:
-        return "a socket or a device without a reader, not a regular file"
-    if exc.errno == errno.EISDIR:
-        return "a folder, not a regular file"
-    return f"cannot be opened ({_words(exc)})"
+    return f"cannot be opened ({_words(exc)})"  # a folder or a socket is refused once pinned
 
 
 def _words(exc: OSError) -> str:

@@ -15,6 +15,7 @@ with ``hostview`` (the host's and hal0's facts as lines and data) and ``prefligh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from hal0_reconciler.cli.exits import (
 )
 from hal0_reconciler.cli.parser import PATH_FLAGS, build_parser, verb_of
 from hal0_reconciler.errors import ReconcilerError, SettingsError, SettingsFileError
+from hal0_reconciler.host import caller
 
 __all__ = [
     "EXIT_CONFIG",
@@ -55,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     broken: str | None = None  # the settings file's error, for the verbs that answer anyway
     try:
         overrides = _overrides(args)
+        delegated = _delegated(args, overrides)
+        if isinstance(delegated, str):
+            console.error(delegated)
+            return EXIT_ERROR
         try:
             loaded = settings.read(args.config, overrides)
         except SettingsFileError as exc:
@@ -70,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.error(str(exc))
         return EXIT_ERROR
     current = loaded.settings
+    if delegated:  # root acting for another user: systemctl from root's own folder only
+        current = dataclasses.replace(current, systemctl=caller.fixed_systemctl())
     resolved = _log.configure(current.log_format, current.log_level)
     muted: list[str] = []
     if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:
@@ -99,6 +107,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.error(broken)
         return EXIT_CONFIG
     return code
+
+
+def _delegated(args: argparse.Namespace, overrides: dict[str, Any]) -> bool | str:
+    """True when root runs this for another user (sudo); a string when that run is refused:
+    it chooses a program, a peer, a trusted user, a process or a path for root."""
+    uid = caller.delegating_uid()
+    if uid is None:
+        return False
+    refused = caller.refusals(vars(args), overrides, os.environ)
+    if not refused:
+        return True
+    return (
+        f"run for uid {uid} through sudo (or another way root runs a command for a user): "
+        f"refused: {', '.join(refused)} choose(s) for root; only root itself may set them "
+        "(see hal0-reconciler(8), SUDO)"
+    )
 
 
 def _check_config(loaded: settings.Loaded) -> int:

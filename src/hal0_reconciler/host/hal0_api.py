@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import ipaddress
 import json
+import os
 import pwd
 import socket
 import threading
+import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hal0_reconciler import _log, boundedread, errors
-from hal0_reconciler.host import peer
+from hal0_reconciler.host import caller, peer
 from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.settings import Settings
 
@@ -31,15 +34,11 @@ log = _log.get_logger("hal0_reconciler.host.hal0_api")
 
 API_KEY_VARIABLE = "HAL0_ADMIN_KEY"
 AGENT = "hal0-reconciler"
-DEFAULT_SERVICE_USER = "hal0"
+ROOT = "root"
+TRUST_RETRY_EVERY = 0.005  # seconds between two looks at a connection not accepted yet
+TRUST_WITHIN = 2.0  # seconds a connection has to be accepted: then "not trusted yet"
 _BODY_MAX = 1 << 20
 _UNIT_MAX = 1 << 20
-UNIT_DIRS = (
-    Path("/etc/systemd/system"),
-    Path("/run/systemd/system"),
-    Path("/usr/lib/systemd/system"),
-    Path("/lib/systemd/system"),
-)
 
 
 class ApiError(errors.ReconcilerError):
@@ -56,6 +55,11 @@ class ApiRefused(ApiError):
 
 class ApiUntrusted(ApiError):
     """Something listens on the API's port, but it is not hal0's (nothing was sent)."""
+
+
+class ApiNotTrustedYet(ApiError):
+    """Something accepted the TCP handshake, but no server took the connection within
+    ``TRUST_WITHIN`` (or the kernel's two tables disagreed): nothing was sent."""
 
 
 class ApiNoAnswer(ApiError):
@@ -91,37 +95,64 @@ class Answer:
 
 
 def service_user(settings: Settings) -> str:
-    """hal0-api's ``User=``: the setting, else its unit file's, else ``hal0``."""
+    """hal0-api's ``User=``: the setting, else its unit's (drop-ins included, the last one
+    wins); ``root`` when the unit sets none or no unit is found (nothing else is guessed: an
+    account hal0 does not run as, such as the ``hal0`` user an older release made, is never
+    trusted by ``auto``)."""
     if settings.hal0_api_user != "auto":
         return settings.hal0_api_user
-    for folder in settings.hal0_api_unit_dirs:
+    user: str | None = None
+    for path in _unit_files(settings):
         try:
             text = boundedread.read_bounded_text(
-                folder / settings.hal0_api_unit, max_bytes=_UNIT_MAX, missing_ok=True
-            )
+                path, max_bytes=_UNIT_MAX, missing_ok=True, follow_links=True
+            )  # systemd's folders are root's: a link there is root's (systemctl link), followed
         except boundedread.ReadRefused as exc:
             log.warning("api.unit_unreadable", path=exc.path, reason=exc.reason)
             continue
-        if text is None:
-            continue
-        user = ""
-        for raw in text.splitlines():
+        for raw in (text or "").splitlines():
             key, _, value = raw.strip().partition("=")
             if key.strip() == "User":
-                user = value.strip()
-        return user or DEFAULT_SERVICE_USER  # a unit without User= runs as root: root is in
-    return DEFAULT_SERVICE_USER
+                user = value.strip()  # an empty User= resets it (systemd): root
+    return user or ROOT
+
+
+def _unit_files(settings: Settings) -> list[Path]:
+    """hal0-api's unit (the first folder that has it), then its drop-ins (``<unit>.d/*.conf``
+    of every folder, by name; a name in an earlier folder hides the later ones)."""
+    found: list[Path] = []
+    for folder in settings.hal0_api_unit_dirs:
+        unit = folder / settings.hal0_api_unit
+        if os.path.lexists(unit):
+            found.append(unit)
+            break
+    drop_ins: dict[str, Path] = {}
+    for folder in settings.hal0_api_unit_dirs:
+        try:
+            names = sorted(os.listdir(folder / f"{settings.hal0_api_unit}.d"))
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".conf"):
+                drop_ins.setdefault(name, folder / f"{settings.hal0_api_unit}.d" / name)
+    return found + [drop_ins[name] for name in sorted(drop_ins)]
 
 
 def accepted_uids(settings: Settings) -> frozenset[int]:
-    """Root and hal0-api's service user (a name, or a number)."""
+    """Root and hal0-api's service user (a name, or a number); never the uid of a caller who
+    ran this command through sudo (``caller.delegating_uid``)."""
     user = service_user(settings)
     if user.isdigit():
-        return frozenset({0, int(user)})
-    try:
-        return frozenset({0, pwd.getpwnam(user).pw_uid})
-    except KeyError:
-        return frozenset({0})
+        uids = {0, int(user)}
+    else:
+        try:
+            uids = {0, pwd.getpwnam(user).pw_uid}
+        except KeyError:
+            uids = {0}
+    delegate = caller.delegating_uid()
+    if delegate is not None:
+        uids.discard(delegate)
+    return frozenset(uids)
 
 
 def new_request_id() -> str:
@@ -150,12 +181,14 @@ class Hal0Client:
         self._lock = threading.Lock()
         self._conn: http.client.HTTPConnection | None = None
         self._aborted = False
+        self._stopping = threading.Event()
 
     def abort(self) -> None:
         """Drop the connection of the call in flight (any thread); later calls fail too."""
         with self._lock:
             self._aborted = True
             conn = self._conn
+        self._stopping.set()
         if conn is not None and conn.sock is not None:
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
@@ -191,23 +224,76 @@ class Hal0Client:
         if reuse and conn is not None and conn.sock is not None:
             return conn, True
         self.close()
-        where = f"{self._host}:{self._port}"
+        sock = self._checked_socket()
         conn = http.client.HTTPConnection(
             self._host, self._port, timeout=self._settings.api_timeout
         )
+        conn.sock = sock
         with self._lock:
             self._conn = conn
+        if self._stopping.is_set():  # abort() came while it connected
+            self.close()
+            raise ApiAborted("the daemon is stopping")
+        return conn, False
+
+    def _addresses(self) -> list[tuple[int, tuple[Any, ...]]]:
+        """Every address ``api_url``'s host names, in the resolver's order (a name is said once:
+        each address is tried in turn)."""
         try:
-            conn.connect()
+            found = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ApiRefused(f"hal0 API host {self._host!r} cannot be resolved: {exc}") from None
+        addresses: list[tuple[int, tuple[Any, ...]]] = list(
+            dict.fromkeys((int(family), tuple(address)) for family, _t, _p, _c, address in found)
+        )
+        if not _is_literal(self._host) and self._host not in _NAMES_SAID:
+            _NAMES_SAID.add(self._host)
+            log.warning(
+                "api.url_names_a_host",
+                host=self._host,
+                addresses=", ".join(str(a[0]) for _f, a in addresses),
+                action="each address is tried in turn, and one whose listener is not trusted "
+                "gets nothing; set api_url to hal0-api's literal address (127.0.0.1) to skip "
+                "the others",
+            )
+        return addresses
+
+    def _checked_socket(self) -> socket.socket:
+        """A connection to the first address of ``api_url`` whose other end is trusted; an
+        address that refuses, or whose listener is not trusted, is skipped for the next one.
+        Raises the most telling failure when none is left."""
+        failures: list[ApiError] = []
+        addresses = self._addresses()
+        for number, (family, address) in enumerate(addresses, start=1):
+            where = _where(address)
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self._settings.api_timeout)
+                self._connect(sock, address, where)
+                self._check_peer(sock, where, last=number == len(addresses))
+            except (ApiRefused, ApiNoAnswer, ApiUntrusted, ApiNotTrustedYet) as exc:
+                sock.close()
+                failures.append(exc)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        for kind in (ApiUntrusted, ApiNotTrustedYet, ApiNoAnswer):
+            for failure in failures:
+                if isinstance(failure, kind):
+                    raise failure
+        raise failures[-1] if failures else ApiRefused(f"{self._host!r} names no address")
+
+    def _connect(self, sock: socket.socket, address: tuple[Any, ...], where: str) -> None:
+        try:
+            sock.connect(address)
         except ConnectionRefusedError:
             raise ApiRefused(f"hal0 API refused the connection at {where}") from None
         except TimeoutError:
             raise ApiNoAnswer(f"hal0 API did not accept a connection at {where}") from None
         except OSError as exc:
             raise ApiRefused(f"hal0 API unreachable at {where}: {exc}") from None
-        assert conn.sock is not None  # noqa: S101 - connect() made it
-        self._check_peer(conn.sock, where)
-        return conn, False
 
     def _headers(self, request_id: str | None) -> dict[str, str]:
         headers = {
@@ -264,26 +350,53 @@ class Hal0Client:
             raise ApiError(f"hal0 API call failed at {where}: {exc}") from None
         return _answer(response.status, data)
 
-    def _check_peer(self, sock: socket.socket, where: str) -> None:
-        try:
-            owner = peer.peer_of(sock, proc_net=self._proc_net)
-        except (peer.PeerUnknown, boundedread.ReadRefused) as exc:
-            raise ApiUntrusted(
-                f"cannot tell who listens at {where} ({exc}): nothing sent"
-            ) from None
-        if owner.uid not in self._accepted:
-            log.error(
-                "api.untrusted_listener",
-                address=where,
-                uid=owner.uid,
-                inode=owner.inode,
-                accepted=sorted(self._accepted),
-                action="nothing was sent (no key, no request); hal0's API counts as unavailable",
+    def _check_peer(self, sock: socket.socket, where: str, *, last: bool = True) -> None:
+        """Who took the connection, from the kernel's tables (``peer``), asked every
+        ``TRUST_RETRY_EVERY`` while it is not accepted yet, up to ``TRUST_WITHIN``."""
+        deadline = time.monotonic() + TRUST_WITHIN
+        while True:
+            verdict = peer.check(sock, self._accepted, proc_net=self._proc_net)
+            if verdict.trust is not peer.Trust.NOT_YET or time.monotonic() >= deadline:
+                break
+            if self._stopping.wait(TRUST_RETRY_EVERY):
+                raise ApiAborted("the daemon is stopping")
+        if verdict.trust is peer.Trust.TRUSTED:
+            return
+        if verdict.trust is peer.Trust.NOT_YET:
+            raise ApiNotTrustedYet(
+                f"hal0-api not trusted yet: the connection at {where} was not taken within "
+                f"{TRUST_WITHIN:g}s ({verdict.reason}): nothing sent"
             )
-            raise ApiUntrusted(
-                f"the listener at {where} belongs to uid {owner.uid}, not to root or hal0-api's "
-                "user: nothing sent"
-            )
+        log.error(
+            "api.untrusted_listener",
+            address=where,
+            uid=verdict.uid,
+            inode=verdict.inode,
+            reason=verdict.reason,
+            accepted=sorted(self._accepted),
+            action="nothing was sent (no key, no request); "
+            + ("hal0's API counts as unavailable" if last else "the next address is tried"),
+        )
+        raise ApiUntrusted(
+            f"the listener at {where} is not root's nor hal0-api's user's ({verdict.reason}): "
+            "nothing sent"
+        )
+
+
+_NAMES_SAID: set[str] = set()
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _where(address: tuple[Any, ...]) -> str:
+    host = str(address[0])
+    return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
 
 
 def _answer(status: int, data: bytes) -> Answer:

@@ -1,0 +1,214 @@
+"""hal0's API client over real HTTP on loopback: what it refuses to call, how it reuses a
+kept-alive connection, and what it sends."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.host import hal0_api
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _settings(tmp_path: Path, url: str, **extra: object) -> settings_mod.Settings:
+    (tmp_path / "api.env").write_text("HAL0_ADMIN_KEY=k\n")
+    return settings_mod.load(
+        None,
+        {
+            "api_url": url,
+            "api_env_file": str(tmp_path / "api.env"),
+            "hal0_api_unit_dirs": [str(tmp_path / "none")],
+            **extra,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1:8080",
+        "ftp://127.0.0.1:8080",
+        "unix:///run/hal0.sock",
+        "http://",
+        "127.0.0.1:8080",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:port",
+    ],
+)
+def test_only_http_to_a_host_is_called(tmp_path: Path, url: str) -> None:
+    with pytest.raises(hal0_api.ApiMisconfigured, match="bad api_url"):
+        hal0_api.Hal0Client(_settings(tmp_path, url))
+
+
+@contextmanager
+def keep_alive_server(
+    *, close_after: int, answer: bool = True, status: bytes = b"200 OK", body: bytes | None = None
+) -> Iterator[tuple[int, list[bytes]]]:
+    """Root's HTTP/1.1 server that answers ``close_after`` requests on a connection (keeping it
+    alive, as it says), then closes it without a word; yields its port and each request."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(10)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                for n in range(close_after):
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if not data:
+                        break
+                    seen.append(data)
+                    if not answer:
+                        break  # read, then closed without a word
+                    text = body if body is not None else b'{"n": %d}' % len(seen)
+                    conn.sendall(
+                        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (status, len(text), text)
+                    )
+                    del n
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield srv.getsockname()[1], seen
+    finally:
+        stop.set()
+        with contextlib.suppress(OSError):
+            srv.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        srv.close()
+        thread.join(10)
+
+
+def test_a_get_on_a_kept_alive_connection_hal0_closed_is_sent_again(tmp_path: Path) -> None:
+    """hal0 closed the idle kept-alive connection: the GET goes out again on a new one and
+    its answer is returned (never None)."""
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        first = client.get("/api/health")
+        second = client.get("/api/slots/metrics")
+        client.close()
+    assert {"n": 1} == first.body
+    assert isinstance(second, hal0_api.Answer)
+    assert {"n": 2} == second.body
+    assert [b"GET /api/health ", b"GET /api/slots/metrics "] == [
+        s[: len(s.split(b"HTTP")[0])] for s in seen
+    ]
+
+
+def test_a_kept_alive_connection_is_reused(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=3) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        bodies = [client.get(f"/api/x{n}").body for n in range(3)]
+        client.close()
+    assert [{"n": 1}, {"n": 2}, {"n": 3}] == bodies
+    assert 3 == len(seen)
+
+
+def test_a_post_on_a_connection_hal0_closed_is_never_sent_twice(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        client.get("/api/health")
+        with pytest.raises(hal0_api.ApiError, match="closed the connection before answering"):
+            client.post("/api/slots/a/restart", timeout=5)
+    assert [b"GET"] == [s.split(b" ")[0] for s in seen]  # the POST went to the closed one
+
+
+def test_every_request_names_the_agent_and_carries_the_key(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}/base/"))
+        client.get("/api/health")
+        client.close()
+    request = seen[0].decode()
+    assert request.startswith("GET /base/api/health HTTP/1.1")
+    assert "X-hal0-Agent: hal0-reconciler" in request
+    assert "Authorization: Bearer k" in request
+    assert "X-Request-ID: hal0-reconciler-" in request
+
+
+def test_nothing_listening_is_refused(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+    with pytest.raises(hal0_api.ApiRefused, match="refused the connection"):
+        client.get("/api/health")
+
+
+def test_an_aborted_client_sends_nothing(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        client.abort()
+        with pytest.raises(hal0_api.ApiAborted):
+            client.get("/api/health")
+    assert [] == seen
+
+
+def test_a_url_without_a_port_means_port_80(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 80)) == 0:
+            pytest.skip("something listens on port 80 here")
+    client = hal0_api.Hal0Client(_settings(tmp_path, "http://127.0.0.1/"))
+    with pytest.raises(hal0_api.ApiRefused, match=r"at 127\.0\.0\.1:80$"):
+        client.get("/api/health")
+
+
+def test_a_new_connection_closed_without_an_answer_is_an_error_sent_once(tmp_path: Path) -> None:
+    """Only a kept-alive connection is asked again: on a new one, hal0 closing without an
+    answer is an API error, and the request went out once."""
+    with keep_alive_server(close_after=1, answer=False) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        with pytest.raises(hal0_api.ApiError, match=r"hal0 API call failed at 127\.0\.0\.1"):
+            client.get("/api/health")
+    assert 1 == len(seen)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "line"),
+    [
+        (
+            b"400 Bad Request",
+            b'{"error": {"code": "slot.bad", "message": "no"}}',
+            "400 slot.bad: no",
+        ),
+        (b"404 Not Found", b'{"detail": "Not Found"}', "404: Not Found"),
+        (b"500 Internal Server Error", b"not json", "500"),
+    ],
+)
+def test_an_error_answer_is_an_http_error_with_hals_words(
+    tmp_path: Path, status: bytes, body: bytes, line: str
+) -> None:
+    with keep_alive_server(close_after=1, status=status, body=body) as (port, _seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        with pytest.raises(hal0_api.ApiHttpError) as caught:
+            client.get("/api/slots/x")
+        client.close()
+    assert f"hal0 API answered {line}" == str(caught.value)
+    assert int(status[:3]) == caught.value.status
+
+
+def test_a_399_answer_is_an_answer(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1, status=b"399 Odd", body=b'{"a": 1}') as (port, _s):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        assert hal0_api.Answer(399, {"a": 1}) == client.get("/api/x")
+        client.close()
