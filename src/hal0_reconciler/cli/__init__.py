@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
         _log.mute("hal0.facts_fallback")
-    for line in loaded.deprecated:
+    said = args.verb == "check-config" and resolved is settings.LogFormat.CONSOLE
+    for line in () if said else loaded.deprecated:  # check-config prints them itself
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":
         return _check_config(loaded)
@@ -100,11 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check_config(loaded: settings.Loaded) -> int:
     """``check-config``: the file was read exactly as ``run`` reads it (errors exit 78 in
-    ``main``); say what was checked. Deprecation warnings went to the log (stderr)."""
+    ``main``); say what was checked, and every deprecated setting it still sets (valid: exit 0;
+    the log has them too unless it is this terminal)."""
     if loaded.path is None:
         print(f"no settings file at {settings.default_config_path()}: the defaults apply")
     else:
-        print(f"{loaded.path}: valid")
+        count = len(loaded.deprecated)
+        also = f", with {count} deprecated setting{'s' * (count != 1)}" if count else ""
+        print(f"{loaded.path}: valid{also}")
+    for line in loaded.deprecated:
+        print(f"warning: {line}")
     return EXIT_OK
 
 

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hal0_reconciler import _log, errors, fsio, lifecycle, reconcile
-from hal0_reconciler.daemon import bookkeeping, fights, labels, memory, metrics, selfheal, workqueue
+from hal0_reconciler.daemon import (
+    bookkeeping,
+    fights,
+    labels,
+    lanelog,
+    memory,
+    metrics,
+    selfheal,
+    workqueue,
+)
 from hal0_reconciler.daemon.progress import Progress, digest
 from hal0_reconciler.host import hal0, units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
@@ -235,15 +244,7 @@ class Passes:
             old, new = view.changed if view.changed is not None else (None, raw.lane)
             if old is not None and raw.amd:
                 lane_changed = True
-                worse = new in (LaneState.UNUSABLE, LaneState.UNKNOWN)
-                level = log.warning if worse else log.info
-                level(
-                    "host.rocm_lane_changed",
-                    old=old.value,
-                    new=new.value,
-                    reason=raw.lane_reason,
-                    demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
-                )
+                lanelog.log_lane_change(old, new, reason=raw.lane_reason, left=view.demotion_in)
             self._note_probe(raw)
             with self.lock:
                 if facts != self.progress.facts:

@@ -392,7 +392,7 @@ class Runner:
             self._watcher = self._make_watcher(new)
             self._watcher.start()
         self._queue.add(workqueue.Special.EVERYTHING)
-        log.info("daemon.reloaded", config=config, changed=changes or ["nothing"])
+        log.info("daemon.reloaded", config=config, changed=changes)  # text: "none"
         return True
 
 
