@@ -239,12 +239,13 @@ def test_status_and_metrics_after_a_pass_say_what_happened(tmp_path: Path) -> No
 
 
 def test_the_metrics_folder_is_made_readable_for_node_exporter(tmp_path: Path) -> None:
-    """A metrics folder that does not exist is created 0755 even under the unit's UMask=0077,
-    and the textfile is written after every pass."""
+    """A metrics folder that does not exist (its parent does) is created 0755 even under the
+    unit's UMask=0077, and the textfile is written after every pass. Never its parents: see
+    test_metrics_file."""
     import os
     import stat
 
-    folder = tmp_path / "textfiles" / "hal0"
+    folder = tmp_path / "textfiles"
     bench = Bench(tmp_path, metrics_textfile=str(folder / "hal0.prom"))
     bench.slot("agent")
     old = os.umask(0o077)

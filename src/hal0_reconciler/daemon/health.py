@@ -94,10 +94,15 @@ class Health:
     def stale_view(self) -> bool:
         """Under systemd (``INVOCATION_ID``), slot writes failing with EROFS mean the sandbox's
         view of a re-created /etc/hal0 (``ProtectSystem=strict`` binds only the folder that
-        existed at start writable): exit 75 and let systemd restart with a fresh view, said as
-        such, not as a watchdog abort. Elsewhere a read-only folder only makes it unhealthy."""
+        existed at start writable), and likewise a metrics folder made after the start: exit 75
+        and let systemd restart with a fresh view, said as such, not as a watchdog abort.
+        Elsewhere a read-only folder only makes it unhealthy."""
         if not os.environ.get("INVOCATION_ID"):
             return False
+        restart_for = self._passes.metrics_file.restart_for  # a metrics folder made later
+        if restart_for is not None:
+            log.error("daemon.restart_requested", message=restart_for, exit_status=EXIT_FRESH_VIEW)
+            return True
         with self._passes.lock:
             problem = self._passes.progress.problems.get("writes-read-only")
         if problem is None:

@@ -1,0 +1,201 @@
+"""The metrics textfile as a file on the host: a missing folder said as such (never made with
+its parents), picked up when it appears (outside the unit at the next try, under the unit by
+asking systemd for a fresh sandbox), the path written recorded in the state folder, the daemon's
+own file removed when the setting is turned off or moved (and only its own), and a clean stop
+leaving ``hal0_reconciler_running 0``."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from structlog.testing import capture_logs
+
+from hal0_reconciler import settings as settings_mod
+from hal0_reconciler.daemon import metrics, metricsfile
+from helpers.daemon_host import Host, running, wait_until
+
+TEXT = metrics.render(metrics.Metrics())
+MISSING = "does not exist: install prometheus-node-exporter or create it"
+
+
+def test_a_folder_whose_parent_is_missing_is_said_missing_and_never_made(tmp_path: Path) -> None:
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    file = metricsfile.MetricsFile(tmp_path / "state", under_unit=False)
+    problem = file.write(target, TEXT)
+    assert f"cannot write metrics to {target}: the folder {target.parent} {MISSING}" == problem
+    assert not (tmp_path / "prometheus").exists(), "a parent of the folder was made"
+    assert file.due(target)
+
+
+def test_outside_the_unit_a_folder_made_later_is_written_at_the_next_try(tmp_path: Path) -> None:
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    state = tmp_path / "state"
+    state.mkdir()
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    assert file.write(target, TEXT) is not None
+    target.parent.mkdir(parents=True)
+    assert file.write(target, TEXT) is None
+    assert (False, None) == (file.due(target), file.restart_for)
+    assert TEXT == target.read_text()
+    assert f"{target}\n" == (state / metricsfile.RECORD).read_text(), "the path is not recorded"
+    assert metricsfile.is_own(target)
+
+
+def _read_only_folder(folder: Path) -> Any:
+    """The write as the unit's sandbox makes it for a folder that did not exist at the start."""
+    real = metricsfile.fsio.write_atomically
+
+    def write(path: Path, data: bytes, **kw: Any) -> None:
+        if path.parent == folder:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        real(path, data, **kw)
+
+    return mock.patch.object(metricsfile.fsio, "write_atomically", write)
+
+
+def test_under_the_unit_a_folder_made_after_the_start_asks_for_a_fresh_sandbox(
+    tmp_path: Path,
+) -> None:
+    """Found missing, then there but read-only (the sandbox skipped its ReadWritePaths= entry):
+    the daemon asks for exit 75 (restart_for); never said as "Read-only file system"."""
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    file = metricsfile.MetricsFile(tmp_path / "state", under_unit=True)
+    assert MISSING in (file.write(target, TEXT) or "")
+    assert file.restart_for is None
+    target.parent.mkdir(parents=True)
+    with _read_only_folder(target.parent):
+        problem = file.write(target, TEXT)
+    assert f"cannot write metrics to {target}: {target.parent} is read-only until a restart" == (
+        problem
+    )
+    assert (
+        f"the metrics folder {target.parent} was created after the start; restarting so the "
+        "service's sandbox includes it"
+    ) == file.restart_for
+
+
+def test_under_the_unit_a_folder_there_from_the_start_but_read_only_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    """A folder outside the unit's ReadWritePaths=: no restart (it would not help), the line
+    says which setting to add."""
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    target.parent.mkdir()
+    file = metricsfile.MetricsFile(tmp_path / "state", under_unit=True)
+    with _read_only_folder(target.parent):
+        problem = file.write(target, TEXT)
+    assert file.restart_for is None
+    assert (
+        f"cannot write metrics to {target}: {target.parent} is read-only in the service's "
+        f"sandbox: add ReadWritePaths={target.parent} (systemctl edit hal0-reconciler)"
+    ) == problem
+
+
+@pytest.mark.parametrize("kind", ["other-file", "symlink", "fifo"])
+def test_only_the_daemons_own_file_is_removed(tmp_path: Path, kind: str) -> None:
+    """Turning the setting off removes the file the daemon wrote; at that path another file,
+    a link to the daemon's file or a FIFO is left alone (never opened through, never blocked)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    target.parent.mkdir()
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    assert file.write(target, TEXT) is None
+    if kind == "other-file":
+        target.write_text("# HELP someone_else A metric.\nsomeone_else 1\n")
+    elif kind == "symlink":
+        own = tmp_path / "own.prom"
+        own.write_text(TEXT)
+        target.unlink()
+        target.symlink_to(own)
+    else:
+        target.unlink()
+        os.mkfifo(target)
+    before = target.lstat()
+    file.settle(None)
+    assert (before.st_ino, before.st_mode) == (target.lstat().st_ino, target.lstat().st_mode)
+
+
+def test_turning_metrics_off_or_moving_them_removes_the_old_file(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    first, second = tmp_path / "a/h.prom", tmp_path / "b/h.prom"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    assert file.write(first, TEXT) is None
+    with capture_logs() as logs:
+        file.settle(second)
+    assert not first.exists()
+    assert [("daemon.metrics_removed", str(first))] == [
+        (e["event"], e["path"]) for e in logs if e["event"] == "daemon.metrics_removed"
+    ]
+    assert not (state / metricsfile.RECORD).exists()
+    assert file.write(second, TEXT) is None
+    file.settle(second)  # the configured one stays
+    assert second.exists()
+    file.settle(None)
+    assert not second.exists()
+
+
+def _value(path: Path, name: str) -> str | None:
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        if line.startswith(f"hal0_reconciler_{name} "):
+            return line.split()[1]
+    return None
+
+
+def test_a_running_daemon_picks_up_a_folder_made_later_and_a_clean_stop_says_so(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    """Degraded while the folder is missing (status names it); healthy with the file written
+    once the folder is there, no pass needed; ``running 0`` in the file a clean stop leaves."""
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    settings = host.settings(metrics_textfile=str(target))
+    with running(settings):
+        notify_socket.wait_for("READY=1")
+        wait_until(lambda: _problems(settings), what="the missing folder in status.json")
+        assert any(MISSING in p for p in _problems(settings))
+        target.parent.mkdir(parents=True)
+        wait_until(lambda: _value(target, "running") == "1", timeout=20, what="the textfile")
+        wait_until(lambda: not _problems(settings), timeout=20, what="healthy again")
+    assert "0" == _value(target, "running")
+    assert f"{target}\n" == (Path(settings.state_dir) / metricsfile.RECORD).read_text()
+
+
+def test_a_reload_that_turns_metrics_off_removes_the_file(
+    host: Host, notify_socket: Any, tmp_path: Path
+) -> None:
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    target.parent.mkdir()
+    config = tmp_path / "reconciler.toml"
+    config.write_text(f'metrics_textfile = "{target}"\n')
+    overrides = host.overrides()
+    overrides.pop("metrics_textfile", None)
+    first = settings_mod.load(config, overrides)
+    with running(first, config_path=config, overrides=overrides) as daemon:
+        notify_socket.wait_for("READY=1")
+        wait_until(lambda: _value(target, "running") == "1", timeout=20, what="the textfile")
+        config.write_text("")
+        daemon.request_reload()
+        wait_until(lambda: not target.exists(), timeout=20, what="the textfile removed")
+    assert not target.exists(), "a stop wrote a textfile the settings no longer name"
+
+
+def _problems(settings: Any) -> list[str]:
+    import json
+
+    from hal0_reconciler.daemon import status
+
+    try:
+        snap = json.loads(status.status_path(settings).read_text())
+    except (OSError, ValueError):
+        return []
+    return list(snap.get("problems") or [])
