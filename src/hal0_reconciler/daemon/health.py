@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from hal0_reconciler import _log
-from hal0_reconciler.daemon import passes, workqueue
+from hal0_reconciler.daemon import bookkeeping, passes, workqueue
 from hal0_reconciler.host import units
 from hal0_reconciler.settings import Settings
 
@@ -16,6 +16,26 @@ log = _log.get_logger("hal0_reconciler.daemon")
 EXIT_FRESH_VIEW = 75  # EX_TEMPFAIL: restart me (the unit's RestartForceExitStatus=75)
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
+_NAMED_FILES = 5  # slot files that cannot be judged, named one by one in the problems
+
+
+def unjudged(passes_: passes.Passes) -> tuple[str, ...]:
+    """The slot files that cannot be judged (not valid TOML, too large, a bad name, not a
+    regular file), each by path and why, as degraded problems: the daemon cannot keep those
+    slots' labels true. The first few by name; ``status --json``'s slots list every one."""
+    with passes_.lock:
+        p = passes_.progress
+        if not p.metrics.unreadable_files:
+            return ()
+        bad = sorted(
+            (str(e.get("path", key)), str(e.get("message") or e["status"]))
+            for key, e in p.slots.items()
+            if e["status"] in bookkeeping.UNJUDGED
+        )
+    lines = [f"slot file {path} cannot be judged: {why}" for path, why in bad[:_NAMED_FILES]]
+    if len(bad) > _NAMED_FILES:
+        lines.append(f"{len(bad) - _NAMED_FILES} more slot files cannot be judged")
+    return tuple(lines)
 
 
 class Health:

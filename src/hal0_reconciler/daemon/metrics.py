@@ -133,7 +133,8 @@ def render(m: Metrics) -> str:
     lines += _scalar(
         "unreadable_files",
         "gauge",
-        "Slot files that could not be read or parsed.",
+        "Slot files that cannot be judged (not valid TOML, too large, a bad name, not a "
+        "regular file): the daemon is degraded while there is one.",
         f"{m.unreadable_files}",
     )
     lines += _scalar("slots", "gauge", "Slot files seen by the last full pass.", f"{m.slots}")

@@ -105,6 +105,7 @@ class Reporter:
         if self._health.slots_dir_problem is not None:
             degraded = (self._health.slots_dir_problem,)
         degraded += tuple(self._restarter.problems().values())  # failed, busy past bound, API
+        degraded += health.unjudged(self._passes)  # slot files that cannot be judged
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         snapshot["restarts"] = self._restarter.report()
         snapshot["labels_not_applied"] = self._passes.labels.report()
