@@ -43,7 +43,7 @@ def test_a_slot_file_that_cannot_be_judged_makes_the_daemon_degraded(
     settings = host.settings(metrics_textfile=str(prom))
     with running(settings):
         notify_socket.wait_for("READY=1", timeout=30)
-        text, code = wait_until(
+        text, _code = wait_until(
             lambda: (r := status.report(settings)) and r[1] == status.EXIT_UNHEALTHY and r,
             timeout=20,
             what="status exit 1",
