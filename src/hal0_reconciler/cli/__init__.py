@@ -75,8 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its header (and --json's "problems") says them: one place, not also on stderr; the
         # journal and --log-format json still get the structured event
         _log.mute("hal0.facts_fallback")
+    # check-config prints them itself; the daemon says them at the reload `reload` asks for
     said = args.verb == "check-config" and resolved is settings.LogFormat.CONSOLE
-    for line in () if said else loaded.deprecated:  # check-config prints them itself
+    said = said or args.verb == "reload"
+    for line in () if said else loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":
         return _check_config(loaded)
