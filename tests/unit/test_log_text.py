@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -140,6 +141,7 @@ _log.get_logger("t").info("daemon.reloaded", changed=["demote_grace", "aiter.hea
             timeout=60,
             check=True,
             cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
         )
         shown[fmt] = done.stderr
     assert re.search(r"changed=(['\"]?)demote_grace, aiter\.heal\1", shown["console"]), shown
