@@ -199,3 +199,24 @@ def _problems(settings: Any) -> list[str]:
     except (OSError, ValueError):
         return []
     return list(snap.get("problems") or [])
+
+
+def test_a_write_begun_before_the_reload_does_not_bring_a_removed_file_back(
+    tmp_path: Path,
+) -> None:
+    """A pass that read the old settings finishes after the reload turned metrics off: its
+    write is dropped, the file stays removed (and a moved file is written at the new path only)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old, new = tmp_path / "a/h.prom", tmp_path / "b/h.prom"
+    old.parent.mkdir()
+    new.parent.mkdir()
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    file.settle(old)
+    assert file.write(old, TEXT) is None
+    file.settle(None)
+    assert file.write(old, TEXT) is None
+    assert not old.exists()
+    file.settle(new)
+    assert file.write(old, TEXT) is None
+    assert (False, True) == (old.exists(), file.write(new, TEXT) is None and new.exists())

@@ -71,25 +71,32 @@ class MetricsFile:
         self._found_missing: set[Path] = set()  # folders found missing since the start
         self.restart_for: str | None = None  # why a fresh sandbox is needed (exit 75)
         self.written: Path | None = None  # the path last written by this process
+        self._configured: tuple[Path | None] | None = None  # as last settled (None: not yet)
+        self._recorded: tuple[Path | None] | None = None  # the record's content, once read
 
     @property
     def record(self) -> Path:
         return self._state_dir / RECORD
 
     def recorded(self) -> Path | None:
-        try:
-            text = self.record.read_text(encoding="utf-8", errors="replace")[:_READ_LIMIT]
-        except OSError:
-            return None
-        line = text.partition("\n")[0].strip()
-        return Path(line) if line.startswith("/") else None
+        """The path in the record (read once; this process keeps it up to date)."""
+        if self._recorded is None:
+            try:
+                text = self.record.read_text(encoding="utf-8", errors="replace")[:_READ_LIMIT]
+            except OSError:
+                text = ""
+            line = text.partition("\n")[0].strip()
+            self._recorded = (Path(line) if line.startswith("/") else None,)
+        return self._recorded[0]
 
     def settle(self, current: Path | None, state_dir: Path | None = None) -> None:
         """At the start and at a reload: a textfile the daemon wrote at a path the settings no
         longer name (``metrics_textfile`` turned off or moved) is removed, if it is its own."""
         with self._lock:
-            if state_dir is not None:
+            if state_dir is not None and state_dir != self._state_dir:
                 self._state_dir = state_dir
+                self._recorded = None
+            self._configured = (None if current is None else current.absolute(),)
             old = self.recorded()
             if old is None or (current is not None and old == current.absolute()):
                 return
@@ -100,9 +107,14 @@ class MetricsFile:
                 self._forget()
 
     def write(self, path: Path, text: str) -> str | None:
-        """Write ``text`` to ``path`` atomically (0644); the problem when it cannot be."""
+        """Write ``text`` to ``path`` atomically (0644); the problem when it cannot be. A
+        write for a path the settings no longer name (a pass that began before the reload
+        that moved or turned off the metrics) is dropped: the removed file stays removed."""
+        path = path.absolute()
         with self._lock:
-            return self._write(path.absolute(), text)
+            if self._configured is not None and self._configured[0] != path:
+                return None
+            return self._write(path, text)
 
     def _write(self, path: Path, text: str) -> str | None:
         folder = path.parent
@@ -123,6 +135,7 @@ class MetricsFile:
         if self.recorded() != path:
             try:
                 fsio.write_atomically(self.record, f"{path}\n".encode(), mode=0o644)
+                self._recorded = (path,)
             except OSError as exc:
                 log.warning("daemon.metrics_record_failed", path=str(self.record), error=str(exc))
         return None
@@ -163,3 +176,4 @@ class MetricsFile:
     def _forget(self) -> None:
         with contextlib.suppress(OSError):
             self.record.unlink()
+        self._recorded = (None,)
