@@ -179,6 +179,30 @@ def test_journal_lines_read_plainly(box: nspawn.Container) -> None:
     assert [] == [m for m in lines if '["' in m or '[\\"' in m]
 
 
+def test_a_slot_file_that_cannot_be_judged_is_degraded_in_systemd_and_status(
+    box: nspawn.Container,
+) -> None:
+    """systemd's StatusText (STATUS=) and `status` (exit 1) name the file and why; the unit
+    stays active, the watchdog content (no restart); fixed, healthy again."""
+    configure(box, amd_settings())
+    restarts = int(show(box)["NRestarts"])
+    box.write(f"{SLOTS}/broken.toml", 'name = "broken"\ndevice = \n')
+    wait_until(
+        "degraded in StatusText",
+        lambda: (
+            f"DEGRADED: slot file {SLOTS}/broken.toml cannot be judged" in show(box)["StatusText"]
+        ),
+        30,
+    )
+    code, text = _status(box)
+    assert 1 == code
+    assert f"problem: slot file {SLOTS}/broken.toml cannot be judged: not valid TOML" in text
+    box.run("sleep 35")  # past WatchdogSec=30: degraded keeps pinging
+    assert ("active", restarts) == (show(box)["ActiveState"], int(show(box)["NRestarts"]))
+    box.write(f"{SLOTS}/broken.toml", slot_text("broken"))
+    wait_until("healthy again", lambda: _status(box)[0] == 0, 30)
+
+
 def test_removing_the_package_removes_its_metrics_file(box: nspawn.Container) -> None:
     """dpkg's remove (the postrm): the file the daemon wrote goes, another textfile stays."""
     configure(box, _metrics_settings())
