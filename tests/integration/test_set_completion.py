@@ -51,3 +51,30 @@ def test_zsh_names_the_function_for_set() -> None:
     text = ZSH.read_text()
     assert ":KEY=VALUE:_hal0_reconciler_setting_names" in text
     assert "compadd -S '' -- " in text
+
+
+def _bash_compopts(*words: str) -> list[str]:
+    """The ``compopt`` calls bash's completion makes for ``words`` (recorded by a stand-in)."""
+    program = (
+        f"source {BASH}\n"
+        'compopt() { printf "%s\\n" "$*"; }\n'
+        f"COMP_WORDS=({' '.join(repr(w) for w in words)})\n"
+        'COMP_CWORD=$((${#COMP_WORDS[@]}-1)); COMP_LINE="${COMP_WORDS[*]}"\n'
+        "COMP_POINT=${#COMP_LINE}; COMPREPLY=()\n"
+        '_shtab_hal0_reconciler hal0-reconciler "${COMP_WORDS[-1]}" "${COMP_WORDS[-2]}"\n'
+    )
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_bash_puts_no_space_after_a_setting_name() -> None:
+    """``--set demote_grace=`` is followed by its value at once; other completions keep bash's
+    space."""
+    assert "-o nospace" in _bash_compopts("hal0-reconciler", "plan", "--set", "demote_g")
+    assert "-o nospace" not in _bash_compopts("hal0-reconciler", "plan", "--assume-rocm", "u")
