@@ -173,3 +173,33 @@ def test_a_lane_within_its_grace_is_named_unusable_wherever_it_is_shown() -> Non
     """No fifth lane name: the reason of a lane within its demotion grace (no probe result to
     quote) is ``unusable``."""
     assert "unusable" == HostFacts(amd=True, lane=LaneState.UNSETTLED).lane_reason
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "left", "said"),
+    [
+        (LaneState.USABLE, LaneState.UNSETTLED, 60.0, ("host.rocm_lane_changed", "info", "60s")),
+        (LaneState.USABLE, LaneState.UNUSABLE, None, ("host.rocm_lane_changed", "warning", "0s")),
+        (
+            LaneState.UNSETTLED,
+            LaneState.UNUSABLE,
+            None,
+            ("host.rocm_lane_demoting", "warning", None),
+        ),
+        (LaneState.UNSETTLED, LaneState.USABLE, None, ("host.rocm_lane_changed", "info", None)),
+        (LaneState.USABLE, LaneState.UNKNOWN, None, ("host.rocm_lane_changed", "warning", None)),
+    ],
+)
+def test_a_lane_change_is_logged_with_the_four_names(
+    old: LaneState, new: LaneState, left: float | None, said: tuple[str, str, str | None]
+) -> None:
+    """``demotion_in`` whenever the lane is unusable now (``0s`` with no grace); the grace's
+    end is its own event; never ``unsettled``."""
+    from structlog.testing import capture_logs
+
+    from hal0_reconciler.daemon import lanelog
+
+    with capture_logs() as logs:
+        lanelog.log_lane_change(old, new, reason="why", left=left)
+    assert [said] == [(e["event"], e["log_level"], e.get("demotion_in")) for e in logs]
+    assert "unsettled" not in str(logs)

@@ -33,5 +33,13 @@ def log_lane_change(old: LaneState, new: LaneState, *, reason: str, left: float 
         old=lane_name(old),
         new=lane_name(new),
         reason=reason,
-        demotion_in=None if left is None else f"{left:.0f}s",
+        demotion_in=_left(new, left),
     )
+
+
+def _left(new: LaneState, left: float | None) -> str | None:
+    """The time before demotions start, for a lane that is unusable now (``0s``: at once, with
+    ``demote_grace = 0``); nothing for a lane that is usable or unknown."""
+    if left is not None:
+        return f"{left:.0f}s"
+    return "0s" if new is LaneState.UNUSABLE else None
