@@ -117,8 +117,11 @@ def test_only_the_daemons_own_file_is_removed(tmp_path: Path, kind: str) -> None
         target.unlink()
         os.mkfifo(target)
     before = target.lstat()
-    file.settle(None)
+    with capture_logs() as logs:
+        file.settle(None)
     assert (before.st_ino, before.st_mode) == (target.lstat().st_ino, target.lstat().st_mode)
+    assert [] == [e for e in logs if e["event"] == "daemon.metrics_removed"]
+    assert (state / metricsfile.RECORD).exists(), "the record of a file still there was dropped"
 
 
 def test_turning_metrics_off_or_moving_them_removes_the_old_file(tmp_path: Path) -> None:
@@ -220,3 +223,125 @@ def test_a_write_begun_before_the_reload_does_not_bring_a_removed_file_back(
     file.settle(new)
     assert file.write(old, TEXT) is None
     assert (False, True) == (old.exists(), file.write(new, TEXT) is None and new.exists())
+
+
+def test_the_file_and_its_record_are_0644_whatever_the_umask(tmp_path: Path) -> None:
+    """node_exporter reads the textfile, the postrm the record (the unit's UMask is 0077)."""
+    import stat
+
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    old = os.umask(0o077)
+    try:
+        assert metricsfile.MetricsFile(state, under_unit=False).write(target, TEXT) is None
+    finally:
+        os.umask(old)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in (target, state / metricsfile.RECORD)}
+    assert {0o644} == modes
+    assert 0o755 == stat.S_IMODE(target.parent.stat().st_mode)
+
+
+def _failing_with(code: int) -> Any:
+    def write(path: Path, data: bytes, **kw: Any) -> None:
+        raise OSError(code, os.strerror(code), str(path))
+
+    return mock.patch.object(metricsfile.fsio, "write_atomically", write)
+
+
+@pytest.mark.parametrize(
+    ("code", "under_unit"), [(errno.EACCES, True), (errno.EROFS, False), (errno.ENOSPC, False)]
+)
+def test_other_failures_are_said_as_the_system_says_them(
+    tmp_path: Path, code: int, under_unit: bool
+) -> None:
+    """Not the sandbox's read-only view: the system's own words, and no restart asked."""
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    target.parent.mkdir()
+    file = metricsfile.MetricsFile(tmp_path / "state", under_unit=under_unit)
+    with _failing_with(code):
+        problem = file.write(target, TEXT)
+    assert (f"cannot write metrics to {target}: {os.strerror(code)}", None) == (
+        problem,
+        file.restart_for,
+    )
+    assert file.due(target)
+
+
+def test_a_file_that_can_no_longer_be_written_is_due_again(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    assert (None, False) == (file.write(target, TEXT), file.due(target))
+    with _failing_with(errno.ENOSPC):
+        assert file.write(target, TEXT) is not None
+    assert file.due(target)
+    assert (None, False) == (file.write(target, TEXT), file.due(target))
+    target.unlink()
+    target.parent.rmdir()
+    (tmp_path / "textfiles").write_text("")  # the folder is now a file: cannot be made
+    assert MISSING in (file.write(target, TEXT) or "")
+    assert file.due(target)
+
+
+def test_a_folder_that_cannot_be_made_is_said_missing(tmp_path: Path) -> None:
+    """Its parent is there but read-only (the sandbox, for a folder missing at the start)."""
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    target.parent.parent.mkdir()
+    file = metricsfile.MetricsFile(tmp_path / "state", under_unit=True)
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    with mock.patch.object(Path, "mkdir", refuse):
+        problem = file.write(target, TEXT)
+    assert f"the folder {target.parent} {MISSING}" in (problem or "")
+    assert not target.parent.exists()
+
+
+def test_a_folder_written_since_it_was_missing_asks_no_restart_later(tmp_path: Path) -> None:
+    """Missing, then written (the sandbox included it after all), then read-only: that is a
+    ReadWritePaths= matter, not a new folder: no restart asked."""
+    target = tmp_path / "prometheus/node-exporter/hal0_reconciler.prom"
+    state = tmp_path / "state"
+    state.mkdir()
+    file = metricsfile.MetricsFile(state, under_unit=True)
+    assert file.write(target, TEXT) is not None
+    target.parent.mkdir(parents=True)
+    assert file.write(target, TEXT) is None
+    with _read_only_folder(target.parent):
+        problem = file.write(target, TEXT)
+    assert file.restart_for is None
+    assert "add ReadWritePaths=" in (problem or "")
+
+
+@pytest.mark.parametrize("failing", ["read", "unlink"])
+def test_a_file_that_cannot_be_read_or_removed_is_not_said_removed(
+    tmp_path: Path, failing: str
+) -> None:
+    """A header that cannot be read is not the daemon's; a removal that fails is not said."""
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    file = metricsfile.MetricsFile(state, under_unit=False)
+    assert file.write(target, TEXT) is None
+
+    def fail(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    where = (os, "read") if failing == "read" else (Path, "unlink")
+    with capture_logs() as logs, mock.patch.object(*where, fail):
+        file.settle(None)
+    assert target.exists()
+    assert [] == [e for e in logs if e["event"] == "daemon.metrics_removed"]
+    assert (state / metricsfile.RECORD).exists()
+
+
+def test_looking_at_a_file_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    target = tmp_path / "h.prom"
+    target.write_text(TEXT)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        assert metricsfile.is_own(target)
+    assert before == len(os.listdir("/proc/self/fd"))
