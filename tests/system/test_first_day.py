@@ -3,7 +3,7 @@ answers while the file is broken, the metrics land where the documents say, no w
 systemd about /etc/hal0's mode, and install / upgrade / purge leave exactly what they should.
 
 One container for the module (its own, booted from the cached Debian 12 root); the tests run in
-file order. The upgrade installs a 0.2.1 rebuilt from this tree (only the version changed).
+file order. The upgrade installs this tree rebuilt as the next version (only the version changed).
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers import nspawn
-from helpers.hosts import REPO
 from helpers.nspawn import FILES
+from system import debs
 from system.test_in_systemd import (
     UNIT,
     amd_settings,
@@ -160,56 +159,27 @@ def test_etc_hal0_at_0750_gets_no_warning_from_systemd_and_keeps_its_mode(
 
 
 @pytest.fixture(scope="module")
-def deb_021(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This tree rebuilt as 0.2.1 (version and Debian changelog only), tests skipped; from
-    another folder (build-deb builds the tree it is in, wherever it is called from)."""
-    tree = tmp_path_factory.mktemp("tree") / "src"
-    shutil.copytree(
-        REPO,
-        tree,
-        ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "*.pyc"),
-        symlinks=True,
-    )
-    init = tree / "src/hal0_reconciler/__init__.py"
-    init.write_text(re.sub(r'__version__ = "[^"]*"', '__version__ = "0.2.1"', init.read_text()))
-    changelog = tree / "packaging/debian/changelog"
-    entry = (
-        "hal0-reconciler (0.2.1) unstable; urgency=medium\n\n  * Rebuilt for the upgrade test.\n\n"
-        " -- hal0-reconciler authors <hal0-reconciler@users.noreply.github.com>  "
-        "Wed, 02 Dec 2026 08:00:00 +0000\n\n"
-    )
-    changelog.write_text(entry + changelog.read_text())
-    out = tmp_path_factory.mktemp("deb021")
-    done = subprocess.run(
-        [str(tree / "packaging/build-deb"), str(out)],
-        cwd=out,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEB_BUILD_OPTIONS": "nocheck"},
-    )
-    assert 0 == done.returncode, f"build-deb failed:\n{done.stdout}\n{done.stderr}"
-    built = Path(done.stdout.strip().splitlines()[-1])
-    assert "hal0-reconciler_0.2.1_all.deb" == built.name
-    return built
+def deb_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This tree rebuilt as ``<version>+upgrade1`` (version and Debian changelog only)."""
+    return debs.rebuilt_newer(tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("next"))
 
 
 def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(
-    box: nspawn.Container, deb_021: Path
+    box: nspawn.Container, deb_next: Path
 ) -> None:
-    """apt install of 0.2.1 over 0.2.0: the service was stopped before the unpack and started
+    """apt install of the next version over this one: the service was stopped before the unpack and started
     after (a new pid, the new version), the operator's settings file byte for byte the same,
     no prompt."""
     configure(box, amd_settings())
     before = show(box)["MainPID"]
     mine = box.read(CONFIG)
     mark = cursor(box)
-    shutil.copy2(deb_021, box.files / deb_021.name)  # type: ignore[attr-defined]
-    box.run(f"apt install -y {FILES}/{deb_021.name}", timeout=180)
+    shutil.copy2(deb_next, box.files / deb_next.name)  # type: ignore[attr-defined]
+    box.run(f"apt install -y {FILES}/{deb_next.name}", timeout=180)
     after = show(box)
     assert ("active", True) == (after["ActiveState"], after["MainPID"] not in {before, "0"})
-    assert "hal0-reconciler 0.2.1" == box.run("hal0-reconciler --version").stdout.strip()
+    version = deb_next.name.split("_")[1]
+    assert f"hal0-reconciler {version}" == box.run("hal0-reconciler --version").stdout.strip()
     assert mine == box.read(CONFIG)
     prerm = box.read("/var/lib/dpkg/info/hal0-reconciler.prerm")
     assert "deb-systemd-invoke stop" in prerm  # before the unpack, not a restart after it
@@ -218,7 +188,9 @@ def test_an_upgrade_keeps_the_operators_file_and_runs_the_new_version(
     assert any(m.startswith("Started") for m in said[stopped:]), said
 
 
-def test_purge_removes_the_state_and_an_unchanged_template_only(box: nspawn.Container) -> None:
+def test_purge_removes_the_state_and_an_unchanged_template_only(
+    box: nspawn.Container, deb: Path
+) -> None:
     """Purge with the shipped template in place: the settings file and the state folder go,
     /etc/hal0 and hal0's files stay. With an edited file, the file stays."""
     box.run(f"cp {TEMPLATE} {CONFIG} && systemctl restart {UNIT}", timeout=60)
@@ -228,20 +200,20 @@ def test_purge_removes_the_state_and_an_unchanged_template_only(box: nspawn.Cont
     assert 0 != box.run(f"test -e {CONFIG}", check=False).returncode
     assert 0 != box.run(f"test -e {STATE}", check=False).returncode
     box.run("test -f /etc/hal0/slots/keep.toml")
-    deb = box.run(f"ls {FILES}/hal0-reconciler_0.2.0_all.deb").stdout.strip()
-    box.run(f"apt install -y {deb}", timeout=180)
+    box.run(f"apt install -y {FILES}/{deb.name}", timeout=180)
     box.run(f"cmp {TEMPLATE} {CONFIG}")
     box.run(f"echo 'demote_grace = 5.0' >> {CONFIG}")
     box.run("apt purge -y hal0-reconciler", timeout=180)
     assert "demote_grace = 5.0" in box.read(CONFIG)
 
 
-def test_a_broken_leftover_config_makes_the_install_say_so(box: nspawn.Container) -> None:
+def test_a_broken_leftover_config_makes_the_install_say_so(
+    box: nspawn.Container, deb: Path
+) -> None:
     """A leftover invalid settings file: the install succeeds (the package is configured) and
     says on the terminal that the service was not started, why, and what to run."""
     box.write(CONFIG, "slot_dir = '/x'\n")
-    deb = box.run(f"ls {FILES}/hal0-reconciler_0.2.0_all.deb").stdout.strip()
-    done = box.run(f"apt install -y {deb} 2>&1", timeout=180)
+    done = box.run(f"apt install -y {FILES}/{deb.name} 2>&1", timeout=180)
     said = done.stdout
     assert "the service was not started: the settings file is invalid" in said
     assert "unknown setting 'slot_dir'" in said
