@@ -345,3 +345,34 @@ def test_looking_at_a_file_leaves_no_descriptor_open(tmp_path: Path) -> None:
     for _ in range(50):
         assert metricsfile.is_own(target)
     assert before == len(os.listdir("/proc/self/fd"))
+
+
+def test_a_start_after_metrics_were_turned_off_removes_the_last_file(tmp_path: Path) -> None:
+    """The setting removed while the daemon was stopped: the next start reads the record the
+    last run left and removes that file (its own); a relative line in a record is ignored."""
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "textfiles/hal0_reconciler.prom"
+    assert metricsfile.MetricsFile(state, under_unit=False).write(target, TEXT) is None
+    metricsfile.MetricsFile(state, under_unit=False).settle(target)  # still configured: kept
+    assert target.exists()
+    metricsfile.MetricsFile(state, under_unit=False).settle(None)
+    assert not target.exists()
+    assert not (state / metricsfile.RECORD).exists()
+    assert metricsfile.MetricsFile(state, under_unit=False).write(target, TEXT) is None
+    (state / metricsfile.RECORD).write_text(f"{target.relative_to(tmp_path)}\n{target}\n")
+    metricsfile.MetricsFile(state, under_unit=False).settle(None)
+    assert target.exists(), "a record whose first line is not a whole path was followed"
+
+
+def test_a_reload_to_another_state_folder_reads_that_folders_record(tmp_path: Path) -> None:
+    first, second = tmp_path / "s1", tmp_path / "s2"
+    first.mkdir()
+    second.mkdir()
+    old = tmp_path / "old/h.prom"
+    assert metricsfile.MetricsFile(second, under_unit=False).write(old, TEXT) is None
+    file = metricsfile.MetricsFile(first, under_unit=False)
+    file.settle(None)  # nothing recorded in the first folder
+    assert old.exists()
+    file.settle(None, second)
+    assert not old.exists()
