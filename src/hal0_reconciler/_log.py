@@ -112,11 +112,25 @@ def _drop_muted(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 
 
 def _value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    """A value as an operator reads it: bare when it can be (a path stays whole), else quoted
+    once, its backslashes as they are; lists as ``a, b`` (``console.plain``); every control
+    character escaped, so one event stays one line."""
+    text = console.plain(value)
     if text and _BARE.match(text):
         return text
-    # quotes, "\n" stays on one line; DEL, C1 and bidi controls (json leaves them) escaped too
-    return console.inert(json.dumps(text, ensure_ascii=False))
+    if '"' in text and "'" not in text:
+        quoted = f"'{text}'"
+    else:
+        quoted = '"' + text.replace('"', '\\"') + '"'
+    return console.inert(quoted)
+
+
+def plain_values(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """The console renderer's lists and tables as ``a, b`` text (``console.plain``)."""
+    for key, value in event_dict.items():
+        if isinstance(value, list | tuple | dict | set | frozenset) and key != "exc_info":
+            event_dict[key] = console.plain(value)
+    return event_dict
 
 
 def journal_line(method_name: str, event_dict: MutableMapping[str, Any]) -> str:
@@ -336,6 +350,7 @@ def _apply(resolved: LogFormat, level: str) -> None:
         processors = [
             *shared,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            plain_values,
             inert_values,
             structlog.dev.ConsoleRenderer(colors=console.colour_enabled(sys.stderr)),
         ]

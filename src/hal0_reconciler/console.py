@@ -65,6 +65,26 @@ def inert_lines(text: str) -> str:
     return text.translate(_ESCAPES_BUT_NEWLINE)
 
 
+def plain(value: object) -> str:
+    """A logged value as text for a person (console and journal lines): a list as ``a, b``
+    (``a; b`` when an item holds a comma itself; ``none`` when empty), a table as
+    ``key: value, ...``, a flag as ``true``/``false``; text as it is. Not yet inert."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [
+            plain(v)
+            for v in (sorted(value, key=str) if isinstance(value, set | frozenset) else value)
+        ]
+        joiner = "; " if any("," in item for item in items) else ", "
+        return joiner.join(items) or "none"
+    return "none" if value is None else str(value)
+
+
 def say(text: str, stream: TextIO | None = None, *, painted: bool = False) -> None:
     """Write a report's ``text`` and a newline, inert (:func:`inert_lines`). ``painted``: the
     text holds :func:`paint`'s colours, kept on a stream that takes colour (the values in it

@@ -116,6 +116,7 @@ class ProbeResult:
     render_node: str | None  # the render node that opened, if any
     failures: tuple[NodeFailure, ...] = ()
     error: str | None = None  # the probe itself could not run
+    kfd_path: str | None = None  # the KFD node probed (named with the render node)
 
     @property
     def reason(self) -> str:
@@ -123,7 +124,8 @@ class ProbeResult:
         if self.error is not None:
             return f"probe failed: {self.error}"
         if self.usable:
-            return f"the KFD node and {self.render_node} open read-write as the service user"
+            kfd = self.kfd_path or "the KFD node"
+            return f"{kfd} and {self.render_node} open read-write as the service user"
         return "; ".join(f"{f.path}: {f.kind} ({f.message})" for f in self.failures) or "unusable"
 
 
@@ -137,7 +139,9 @@ class HostFacts:
 
     @property
     def lane_reason(self) -> str:
-        return self.probe.reason if self.probe is not None else self.lane.value
+        if self.probe is not None:
+            return self.probe.reason
+        return LaneState.UNUSABLE.value if self.lane is LaneState.UNSETTLED else self.lane.value
 
 
 class Hal0Rule(enum.StrEnum):

@@ -229,8 +229,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Settings removed or renamed in a release (dotted name -> what to do instead): a file that
 # still sets one is accepted for one release with a deprecation warning, never refused after an
 # upgrade. A name that is a current setting again is never dropped.
-REMOVED: dict[str, str] = {
-    "aiter.heal_shape_keyed": "it no longer has an effect; delete the line",
+REMOVED: dict[str, str] = {}
+
+# Settings still read but without effect (dotted name -> the release that removes them, what to
+# do instead): warned about at every load of the file, from the file or ``--set``, never refused.
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "aiter.heal_shape_keyed": (
+        "0.4.0",
+        "it has had no effect since 0.2.0 (a shape-keyed module is never healed): remove it",
+    ),
 }
 
 
@@ -270,7 +277,7 @@ def read(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -
         source, raw = path, _read_toml(path) or {}
     merged = dict(raw)
     _merge(merged, overrides or {})
-    deprecated = _drop_removed(merged, source)
+    deprecated = _drop_removed(merged, source) + _deprecated(raw, overrides or {}, source)
     try:
         built = _validated(merged)
     except SettingsError as exc:
@@ -330,6 +337,30 @@ def _drop_removed(raw: dict[str, Any], source: Path | None) -> tuple[str, ...]:
         _pop_copied(raw, [*tables, leaf])
         where = f" in {source}" if source is not None else ""
         lines.append(f"setting {name!r}{where} was removed and is ignored: {advice}")
+    return tuple(lines)
+
+
+def _lookup(raw: Mapping[str, Any], name: str) -> bool:
+    """Whether the dotted ``name`` is set in ``raw`` (nested tables followed)."""
+    *tables, leaf = name.split(".")
+    holder: Any = raw
+    for table in tables:
+        holder = holder.get(table) if isinstance(holder, Mapping) else None
+    return isinstance(holder, Mapping) and leaf in holder
+
+
+def _deprecated(
+    raw: Mapping[str, Any], overrides: Mapping[str, Any], source: Path | None
+) -> tuple[str, ...]:
+    """One warning line per deprecated setting the file or the command line sets."""
+    lines: list[str] = []
+    for name, (removed_in, advice) in DEPRECATED.items():
+        places = [f"in {source}"] if source is not None and _lookup(raw, name) else []
+        places += ["by --set"] if _lookup(overrides, name) else []
+        lines += [
+            f"setting {name!r} {where} is deprecated and ignored; {removed_in} removes it: {advice}"
+            for where in places
+        ]
     return tuple(lines)
 
 

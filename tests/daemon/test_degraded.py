@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from hal0_reconciler import _log
 from hal0_reconciler.daemon import status
 from hal0_reconciler.settings import Settings
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
@@ -125,7 +126,8 @@ def test_a_reload_names_the_file_and_the_settings_it_changed(
     host: Host, notify_socket: Any, tmp_path: Path
 ) -> None:
     """`daemon.reload_started` and `daemon.reloaded` name the settings file; `reloaded` lists
-    the settings whose values changed (nested ones dotted), "nothing" when none did."""
+    the settings whose values changed (nested ones dotted), none when none did (a list: the
+    journal's text line says ``changed="resync_interval, aiter.heal"`` and ``changed=none``)."""
     config = tmp_path / "reconciler.toml"
     config.write_text("resync_interval = 120\n")
     overrides = host.overrides()
@@ -142,4 +144,10 @@ def test_a_reload_names_the_file_and_the_settings_it_changed(
     reloaded = [e for e in logs if e["event"] == "daemon.reloaded"]
     assert [str(config)] * 2 == [e["config"] for e in started]
     assert [str(config)] * 2 == [e["config"] for e in reloaded]
-    assert [["resync_interval", "aiter.heal"], ["nothing"]] == [e["changed"] for e in reloaded]
+    assert [["resync_interval", "aiter.heal"], []] == [e["changed"] for e in reloaded]
+    shown = [{k: v for k, v in e.items() if k != "log_level"} for e in reloaded]
+    lines = [_log.journal_line("info", e) for e in shown]
+    assert [
+        f'<6>daemon.reloaded config={config} changed="resync_interval, aiter.heal"',
+        f"<6>daemon.reloaded config={config} changed=none",
+    ] == lines

@@ -239,12 +239,13 @@ def test_status_and_metrics_after_a_pass_say_what_happened(tmp_path: Path) -> No
 
 
 def test_the_metrics_folder_is_made_readable_for_node_exporter(tmp_path: Path) -> None:
-    """A metrics folder that does not exist is created 0755 even under the unit's UMask=0077,
-    and the textfile is written after every pass."""
+    """A metrics folder that does not exist (its parent does) is created 0755 even under the
+    unit's UMask=0077, and the textfile is written after every pass. Never its parents: see
+    test_metrics_file."""
     import os
     import stat
 
-    folder = tmp_path / "textfiles" / "hal0"
+    folder = tmp_path / "textfiles"
     bench = Bench(tmp_path, metrics_textfile=str(folder / "hal0.prom"))
     bench.slot("agent")
     old = os.umask(0o077)
@@ -271,8 +272,9 @@ def test_a_problem_is_logged_once_until_it_changes(tmp_path: Path) -> None:
 
 
 def test_a_lane_change_is_logged_at_its_weight_and_reconciles_everything(tmp_path: Path) -> None:
-    """The lane going down is a warning (with the grace while it is unsettled), coming back an
-    info; either way every slot is reconciled at once (a full pass)."""
+    """The lane going down is an info while its demotion grace runs (named ``unusable``, with
+    the time left), a warning when the grace ends and demotions start; coming back an info;
+    either way every slot is reconciled at once (a full pass). Only the four lane names."""
     from structlog.testing import capture_logs
 
     bench = Bench(tmp_path, demote_grace=30)
@@ -287,14 +289,20 @@ def test_a_lane_change_is_logged_at_its_weight_and_reconciles_everything(tmp_pat
         bench.facts = USABLE
         bench.probe()
     changes = [
-        (e["old"], e["new"], e["log_level"], e.get("demote_grace"))
+        (
+            e["event"],
+            e.get("old"),
+            e.get("new", e.get("lane")),
+            e["log_level"],
+            e.get("demotion_in"),
+        )
         for e in logs
-        if e["event"] == "host.rocm_lane_changed"
+        if e["event"].startswith("host.rocm_lane_")
     ]
     assert [
-        ("usable", "unsettled", "info", 30.0),
-        ("unsettled", "unusable", "warning", None),
-        ("unusable", "usable", "info", None),
+        ("host.rocm_lane_changed", "usable", "unusable", "info", "30s"),
+        ("host.rocm_lane_demoting", None, "unusable", "warning", None),
+        ("host.rocm_lane_changed", "unusable", "usable", "info", None),
     ] == changes, f"lane changes logged as {changes}"
     assert fulls + 3 == bench.passes.stats().full_passes, "a lane change did not reconcile all"
 

@@ -79,7 +79,8 @@ def test_metrics_textfile_is_prometheus_text(tmp_path: Path) -> None:
     lines = target.read_text().splitlines()
     sample = re.compile(r'^hal0_reconciler_[a-z_]+(\{[a-z]+="[^"]*"\})? -?[0-9.]+$')
     declared: dict[str, str] = {}
-    for line in lines:
+    assert metrics.HEADER == lines[0]  # the daemon's own file: what the postrm looks for
+    for line in lines[1:]:
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split()
             declared[name] = kind

@@ -184,8 +184,15 @@ def test_demote_grace_then_demotion_then_restore(host: Host, notify_socket) -> N
     assert ["slot.demoted_to_cpu", "slot.restored_to_rocm"] == [
         e for e in events if e.startswith("slot.")
     ]
-    changes = [(e["old"], e["new"]) for e in logs if e["event"] == "host.rocm_lane_changed"]
-    assert [("unsettled", "unusable"), ("unusable", "usable")] == changes
+    changes = [
+        (e["event"], e.get("old"), e.get("new", e.get("lane")))
+        for e in logs
+        if e["event"].startswith("host.rocm_lane_")
+    ]
+    assert [
+        ("host.rocm_lane_demoting", None, "unusable"),
+        ("host.rocm_lane_changed", "unusable", "usable"),
+    ] == changes
 
 
 def test_an_operator_edit_inside_the_grace_is_not_demoted(host: Host, notify_socket) -> None:

@@ -86,7 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         muted.append("hal0.facts_note")
     if muted:
         _log.mute(*muted)
-    for line in loaded.deprecated:
+    # check-config prints them itself; the daemon says them at the reload `reload` asks for
+    said = args.verb == "check-config" and resolved is settings.LogFormat.CONSOLE
+    said = said or args.verb == "reload"
+    for line in () if said else loaded.deprecated:
         _cli_log.warning("settings.deprecated", message=line, effect="ignored")
     if args.verb == "check-config":
         return _check_config(loaded)
@@ -127,11 +130,16 @@ def _delegated(args: argparse.Namespace, overrides: dict[str, Any]) -> bool | st
 
 def _check_config(loaded: settings.Loaded) -> int:
     """``check-config``: the file was read exactly as ``run`` reads it (errors exit 78 in
-    ``main``); say what was checked. Deprecation warnings went to the log (stderr)."""
+    ``main``); say what was checked, and every deprecated setting it still sets (valid: exit 0;
+    the log has them too unless it is this terminal)."""
     if loaded.path is None:
         print(f"no settings file at {settings.default_config_path()}: the defaults apply")
     else:
-        print(f"{loaded.path}: valid")
+        count = len(loaded.deprecated)
+        also = f", with {count} deprecated setting{'s' * (count != 1)}" if count else ""
+        print(f"{loaded.path}: valid{also}")
+    for line in loaded.deprecated:
+        print(f"warning: {line}")
     return EXIT_OK
 
 

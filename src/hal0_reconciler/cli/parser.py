@@ -35,6 +35,28 @@ _EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
 # Completion hints for shtab (plain data: shtab is a build-time tool, not imported here).
 _COMPLETE_FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
 _COMPLETE_DIR = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+_SET_FUNCTION = "_hal0_reconciler_setting_names"
+
+
+def _complete_set() -> dict[str, object]:
+    """``--set``: every setting's name with its ``=`` (not the deprecated ones, nor the
+    ``[[aiter.trees]]`` tables, which only the file can hold)."""
+    names = [
+        f"{n}="
+        for n in settings.setting_names()
+        if n not in settings.DEPRECATED and n != "aiter.trees"
+    ]
+    words = " ".join(names)
+    return {
+        "bash": _SET_FUNCTION,
+        "zsh": _SET_FUNCTION,
+        "preamble": {
+            "bash": f'{_SET_FUNCTION}() {{\n  compgen -W "{words}" -- "$1"\n}}\n',
+            "zsh": f"{_SET_FUNCTION}() {{\n  compadd -S '' -- {words}\n}}\n",
+        },
+    }
+
+
 _DIR_DESTS = frozenset(
     {
         "slots_dir",
@@ -349,6 +371,8 @@ def _finish(parser: argparse.ArgumentParser, path: str = "", *, common: set[str]
             setattr(action, "complete", _COMPLETE_DIR)  # noqa: B010 - shtab reads this attribute
         elif action.type is _path_arg or action.dest == "routing_file":
             setattr(action, "complete", _COMPLETE_FILE)  # noqa: B010
+        elif action.dest == "assignments":  # --set NAME=VALUE
+            setattr(action, "complete", _complete_set())  # noqa: B010
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             for name, sub in action.choices.items():
                 full = f"{path} {name}".strip()

@@ -17,6 +17,11 @@ from hal0_reconciler.host import units
 from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 
 log = _log.get_logger("hal0_reconciler.daemon")
+UNJUDGED = frozenset(
+    {reconcile.OutcomeStatus.UNREADABLE.value, reconcile.OutcomeStatus.NOT_REGULAR.value}
+)
+"""Slot files that cannot be judged (refused by path: not valid TOML, too large, a bad name,
+not a regular file): each makes the daemon degraded (``health.unjudged``)."""
 
 
 class Bookkeeping:
@@ -172,7 +177,7 @@ def _merge_slots(
     covered); an entry equal to the one shown keeps its identity, so status.json re-renders
     only the entries that changed."""
     statuses = reconcile.OutcomeStatus
-    unreadable = statuses.UNREADABLE.value
+    unjudged = UNJUDGED  # counted in unreadable_files: the daemon is degraded while any is
     old = p.slots
     slots: dict[SlotKey, dict[str, Any]] = {} if full else old
     changed = full and old.keys() != seen.keys()
@@ -182,7 +187,7 @@ def _merge_slots(
         if o.status is statuses.GONE and o.key in slots:
             changed = True
             touched.add(o.key)
-            if slots.pop(o.key)["status"] == unreadable:
+            if slots.pop(o.key)["status"] in unjudged:
                 p.metrics.unreadable_files -= 1
     for key, entry in seen.items():
         shown = old.get(key)
@@ -198,14 +203,14 @@ def _merge_slots(
         changed = True
         touched.add(key)
         if not full:
-            if shown is not None and shown["status"] == unreadable:
+            if shown is not None and shown["status"] in unjudged:
                 p.metrics.unreadable_files -= 1
-            if entry["status"] == unreadable:
+            if entry["status"] in unjudged:
                 p.metrics.unreadable_files += 1
         slots[key] = entry
     p.slots = slots
     if full:
-        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] == unreadable)
+        p.metrics.unreadable_files = sum(1 for e in slots.values() if e["status"] in unjudged)
     return changed
 
 

@@ -84,6 +84,7 @@ class LaneView:
     facts: HostFacts
     changed: tuple[LaneState | None, LaneState] | None  # (old, new) of the effective lane
     recheck_at: float | None  # probe again then (during the grace)
+    demotion_in: float | None = None  # seconds of the grace left (unusable, not yet demoting)
 
 
 class LaneTracker:
@@ -103,6 +104,7 @@ class LaneTracker:
     def observe(self, raw: HostFacts) -> LaneView:
         now = self._clock.monotonic()
         recheck_at: float | None = None
+        left: float | None = None
         lane = raw.lane
         if raw.lane is LaneState.USABLE:
             self._unusable_since = None
@@ -115,9 +117,10 @@ class LaneTracker:
             if raw.amd and now < expires:
                 lane = LaneState.UNSETTLED
                 recheck_at = min(expires, now + self.RECHECK_EVERY)
+                left = expires - now
             else:
                 lane = LaneState.UNUSABLE
         facts = raw if lane is raw.lane else HostFacts(amd=raw.amd, lane=lane, probe=raw.probe)
         old = self._effective
         self._effective = lane
-        return LaneView(facts, None if old is lane else (old, lane), recheck_at)
+        return LaneView(facts, None if old is lane else (old, lane), recheck_at, left)

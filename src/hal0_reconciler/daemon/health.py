@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from hal0_reconciler import _log
-from hal0_reconciler.daemon import passes, workqueue
+from hal0_reconciler.daemon import bookkeeping, passes, workqueue
 from hal0_reconciler.host import units
 from hal0_reconciler.host.hal0 import budget
 from hal0_reconciler.settings import Settings
@@ -17,6 +17,26 @@ log = _log.get_logger("hal0_reconciler.daemon")
 EXIT_FRESH_VIEW = 75  # EX_TEMPFAIL: restart me (the unit's RestartForceExitStatus=75)
 _MAX_OBSERVER_DEATHS = 5  # within _DEATH_WINDOW: then report unhealthy and let systemd restart us
 _DEATH_WINDOW = 600.0
+_NAMED_FILES = 5  # slot files that cannot be judged, named one by one in the problems
+
+
+def unjudged(passes_: passes.Passes) -> tuple[str, ...]:
+    """The slot files that cannot be judged (not valid TOML, too large, a bad name, not a
+    regular file), each by path and why, as degraded problems: the daemon cannot keep those
+    slots' labels true. The first few by name; ``status --json``'s slots list every one."""
+    with passes_.lock:
+        p = passes_.progress
+        if not p.metrics.unreadable_files:
+            return ()
+        bad = sorted(
+            (str(e.get("path", key)), str(e.get("message") or e["status"]))
+            for key, e in p.slots.items()
+            if e["status"] in bookkeeping.UNJUDGED
+        )
+    lines = [f"slot file {path} cannot be judged: {why}" for path, why in bad[:_NAMED_FILES]]
+    if len(bad) > _NAMED_FILES:
+        lines.append(f"{len(bad) - _NAMED_FILES} more slot files cannot be judged")
+    return tuple(lines)
 
 
 class Health:
@@ -95,10 +115,15 @@ class Health:
     def stale_view(self) -> bool:
         """Under systemd (``INVOCATION_ID``), slot writes failing with EROFS mean the sandbox's
         view of a re-created /etc/hal0 (``ProtectSystem=strict`` binds only the folder that
-        existed at start writable): exit 75 and let systemd restart with a fresh view, said as
-        such, not as a watchdog abort. Elsewhere a read-only folder only makes it unhealthy."""
+        existed at start writable), and likewise a metrics folder made after the start: exit 75
+        and let systemd restart with a fresh view, said as such, not as a watchdog abort.
+        Elsewhere a read-only folder only makes it unhealthy."""
         if not os.environ.get("INVOCATION_ID"):
             return False
+        restart_for = self._passes.metrics_file.restart_for  # a metrics folder made later
+        if restart_for is not None:
+            log.error("daemon.restart_requested", message=restart_for, exit_status=EXIT_FRESH_VIEW)
+            return True
         with self._passes.lock:
             problem = self._passes.progress.problems.get("writes-read-only")
         if problem is None:

@@ -15,6 +15,9 @@ from pathlib import Path
 from hal0_reconciler import __version__, fsio
 
 _PREFIX = "hal0_reconciler"
+HEADER = "# hal0-reconciler metrics textfile (metrics_textfile), removed with the package"
+"""The first line of every textfile the daemon writes: how it (and the package's postrm) tells
+its own file from another one at that path."""
 
 RELABEL_TARGETS = ("gpu-rocm", "cpu")  # the only labels the reconciler ever writes
 LANE_STATES = ("usable", "unusable", "unknown", "not-amd")
@@ -33,6 +36,7 @@ class Metrics:
     fights: int = 0  # fights detected (another writer kept reverting a slot)
     demoted_slots: int = 0  # slots on cpu now because the daemon demoted them
     healthy: bool = False  # as status.json says (false: degraded or unhealthy)
+    running: bool = True  # false in the file a clean stop leaves behind
     rocm_lane: str = "unknown"  # one of LANE_STATES
     unreadable_files: int = 0
     slots: int = 0
@@ -69,10 +73,16 @@ def _scalar(name: str, kind: str, help_text: str, value: str) -> list[str]:
 
 def render(m: Metrics) -> str:
     """The whole exposition, one family after another, ending with a newline."""
-    lines = _family("build_info", "gauge", "The running version (always 1).")
+    lines = [HEADER, *_family("build_info", "gauge", "The running version (always 1).")]
     lines.append(f'{_PREFIX}_build_info{{version="{_escape(__version__)}"}} 1')
     lines += _scalar(
         "healthy", "gauge", "1 healthy; 0 degraded or unhealthy (see status).", f"{int(m.healthy)}"
+    )
+    lines += _scalar(
+        "running",
+        "gauge",
+        "1 while the daemon runs; 0 in the file a clean stop leaves (alerts on staleness skip it).",
+        f"{int(m.running)}",
     )
     lines += _family("rocm_lane", "gauge", "The ROCm lane for the service user: 1 for its state.")
     lines += _labelled("rocm_lane", "state", {s: int(s == m.rocm_lane) for s in LANE_STATES})
@@ -123,7 +133,8 @@ def render(m: Metrics) -> str:
     lines += _scalar(
         "unreadable_files",
         "gauge",
-        "Slot files that could not be read or parsed.",
+        "Slot files that cannot be judged (not valid TOML, too large, a bad name, not a "
+        "regular file): the daemon is degraded while there is one.",
         f"{m.unreadable_files}",
     )
     lines += _scalar("slots", "gauge", "Slot files seen by the last full pass.", f"{m.slots}")

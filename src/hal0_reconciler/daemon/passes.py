@@ -23,8 +23,10 @@ from hal0_reconciler.daemon import (
     bookkeeping,
     fights,
     labels,
+    lanelog,
     memory,
     metrics,
+    metricsfile,
     selfheal,
     workqueue,
 )
@@ -143,6 +145,7 @@ class Passes:
         self._give_back = give_back
         self.on_busy: Callable[[], None] | None = None  # told as each batch starts
         self._metrics_lock = threading.Lock()
+        self.metrics_file = metricsfile.MetricsFile(settings.state_dir)
         self.progress = Progress()
         self.fights = fights.FightDetector(
             limit=settings.fight_limit, window=settings.fight_window, clock=clock
@@ -178,7 +181,11 @@ class Passes:
                 self._reconciler.update_settings(settings)
             else:
                 self._reconciler = None
+            old_textfile = self._settings.metrics_textfile
             self._settings = settings
+        if old_textfile != settings.metrics_textfile:  # off, or moved: the old file goes
+            self.metrics_file.settle(settings.metrics_textfile, settings.state_dir)
+            self.clear_problem("metrics")  # the main loop writes the new one (metricsfile.due)
         self.fights.tune(limit=settings.fight_limit, window=settings.fight_window)
         self.labels.update_settings(settings)
         self._lane.tune(grace=settings.demote_grace)
@@ -268,15 +275,7 @@ class Passes:
             old, new = view.changed if view.changed is not None else (None, raw.lane)
             if old is not None and raw.amd:
                 lane_changed = True
-                worse = new in (LaneState.UNUSABLE, LaneState.UNKNOWN)
-                level = log.warning if worse else log.info
-                level(
-                    "host.rocm_lane_changed",
-                    old=old.value,
-                    new=new.value,
-                    reason=raw.lane_reason,
-                    demote_grace=settings.demote_grace if new is LaneState.UNSETTLED else None,
-                )
+                lanelog.log_lane_change(old, new, reason=raw.lane_reason, left=view.demotion_in)
             self._note_probe(raw)
             with self.lock:
                 if facts != self.progress.facts:
@@ -390,7 +389,8 @@ class Passes:
         self.problem(key, f"slot writes fail: {first}" + (f" (+{more} more)" if more else ""))
 
     # -- reporting --------------------------------------------------------------------------------
-    def write_metrics(self, settings: Settings) -> None:
+    def write_metrics(self, settings: Settings, *, running: bool = True) -> None:
+        """The textfile (``running``: false for the one a clean stop leaves)."""
         assert settings.metrics_textfile is not None  # noqa: S101 - checked by the caller
         uncovered, heals, failures = self._aiter.counters()
         not_converging = len((self._aiter.status() or {}).get("not_converging") or ())
@@ -409,16 +409,11 @@ class Passes:
             m.aiter_modules_uncovered = uncovered
             m.aiter_heals = heals
             m.aiter_check_failures = failures
-            snapshot = metrics.Metrics(**vars(m))
-        folder = settings.metrics_textfile.parent
-        try:
-            with self._metrics_lock:  # the worker (after a pass) and the main loop (health)
-                if not folder.is_dir():
-                    folder.mkdir(parents=True, exist_ok=True)
-                    folder.chmod(0o755)  # node_exporter reads it; the unit's UMask=0077 gives 0700
-                metrics.write_textfile(settings.metrics_textfile, snapshot)
-        except OSError as exc:
-            self.problem("metrics", f"cannot write {settings.metrics_textfile}: {exc}")
+            snapshot = metrics.Metrics(**{**vars(m), "running": running})
+        # the worker (after a pass) and the main loop (health, retries, the stop): one lock
+        problem = self.metrics_file.write(settings.metrics_textfile, metrics.render(snapshot))
+        if problem is not None:
+            self.problem("metrics", problem)
         else:
             self.clear_problem("metrics")
 

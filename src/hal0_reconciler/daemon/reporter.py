@@ -13,6 +13,7 @@ from hal0_reconciler.host import units
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger("hal0_reconciler.daemon")
+_METRICS_RETRY = 5.0  # seconds between tries of a textfile that could not be written
 
 
 class Reporter:
@@ -42,6 +43,7 @@ class Reporter:
         self._reported_passes = -1  # passes, aiter checks and finished batches, as last published
         self._reported_problems: list[str] = []
         self._reported_ready = False
+        self._metrics_at = 0.0  # the next retry of a textfile not written (monotonic)
 
     def update_settings(self, settings: Settings) -> None:
         self._settings = settings
@@ -62,6 +64,7 @@ class Reporter:
     ) -> list[str]:
         """Publish the status when it changed (or the heartbeat is due); the problems found."""
         problems = self._health.problems(worker, now)
+        self._retry_metrics(now)
         changed = self._health.check_slots_dir() or became_ready or ready != self._reported_ready
         changed |= passes_done != self._reported_passes or problems != self._reported_problems
         if changed or now >= self.next_status:
@@ -75,6 +78,16 @@ class Reporter:
             self.next_status = now + status.HEARTBEAT
             self._publish(watcher, problems, ready=ready)
         return problems
+
+    def _retry_metrics(self, now: float) -> None:
+        """The textfile not written where the settings say (a folder missing, the start, a
+        reload that moved it): tried again at most every ``_METRICS_RETRY`` seconds, so a
+        folder made later is picked up without a pass having to change anything."""
+        settings = self._settings
+        if not self._passes.metrics_file.due(settings.metrics_textfile) or now < self._metrics_at:
+            return
+        self._metrics_at = now + _METRICS_RETRY
+        self._passes.write_metrics(settings)
 
     def _publish(
         self, watcher: watch_mod.Watcher | None, problems: list[str], *, ready: bool
@@ -92,6 +105,7 @@ class Reporter:
         if self._health.slots_dir_problem is not None:
             degraded = (self._health.slots_dir_problem,)
         degraded += tuple(self._restarter.problems().values())  # failed, busy past bound, API
+        degraded += health.unjudged(self._passes)  # slot files that cannot be judged
         snapshot, line = publish.compose(sources, problems, ready=ready, degraded=degraded)
         snapshot["restarts"] = self._restarter.report()
         snapshot["labels_not_applied"] = self._passes.labels.report()

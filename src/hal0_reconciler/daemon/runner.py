@@ -219,6 +219,7 @@ class Runner:
                 log.error("daemon.start_failed", path=str(folder), error=str(exc))  # noqa: TRY400 - the human line, no traceback
                 return EXIT_FAILURE
             fsio.remove_stale_temps(folder)
+        self._passes.metrics_file.settle(settings.metrics_textfile)  # one it wrote elsewhere
         log.info(
             "daemon.started",
             version=__version__,
@@ -238,6 +239,8 @@ class Runner:
                 self._watcher.start()
                 self._queue.add(workqueue.Special.EVERYTHING, settled=True)  # READY is not kept
                 code = self._loop(worker)  # waiting for a settle window: nothing in flux yet
+            if self._settings.metrics_textfile is not None:  # a clean stop: the file says so
+                self._passes.write_metrics(self._settings, running=False)
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
@@ -420,7 +423,7 @@ class Runner:
             self._watcher = self._make_watcher(new)
             self._watcher.start()
         self._queue.add(workqueue.Special.EVERYTHING)
-        log.info("daemon.reloaded", config=config, changed=changes or ["nothing"])
+        log.info("daemon.reloaded", config=config, changed=changes)  # text: "none"
         return True
 
 

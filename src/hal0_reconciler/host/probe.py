@@ -230,6 +230,7 @@ def verdict(
         kfd_ok=kfd_ok,
         render_node=render_node,
         failures=tuple(failures),
+        kfd_path=kfd[0],
     )
 
 
