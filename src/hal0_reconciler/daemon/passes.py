@@ -144,7 +144,6 @@ class Passes:
         self.lock = threading.RLock()
         self._give_back = give_back
         self.on_busy: Callable[[], None] | None = None  # told as each batch starts
-        self._metrics_lock = threading.Lock()
         self.metrics_file = metricsfile.MetricsFile(settings.state_dir)
         self.progress = Progress()
         self.fights = fights.FightDetector(
