@@ -143,8 +143,8 @@ class Child:
                     os.close(fd)
             data = json.dumps(answer).encode()
             if len(data) > MAX_MESSAGE:
-                for fd in out:
-                    os.close(fd)
+                for dropped in out:
+                    os.close(dropped)
                 out, data = [], json.dumps(_refused("answer too large")).encode()
             try:
                 socket.send_fds(sock, [data], out) if out else sock.send(data)
