@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from hal0_reconciler import _log, lifecycle
+from hal0_reconciler import _log, lifecycle, threadname
 
 log = _log.get_logger("hal0_reconciler.daemon.aiterworker")
 
@@ -59,7 +59,9 @@ class AiterWorker(lifecycle.StartStop):
                 return
             self._pending = True
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread = threadname.NamedThread(
+                    target=self._run, name=self._name, daemon=True
+                )
                 self._thread.start()
             self._wanted.notify()
 
