@@ -7,6 +7,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -203,16 +205,23 @@ def test_a_fifo_is_never_opened_for_reading(tmp_path: Path) -> None:
     refusal it is still waiting, so the FIFO was only pinned, never opened (without strace)."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'wb')"])
+    opened: list[int] = []
+    writer = threading.Thread(target=lambda: opened.append(os.open(fifo, os.O_WRONLY)))
+    writer.start()
     try:
+        time.sleep(0.2)  # the writer is waiting in open() by now
+        assert not opened
         with pytest.raises(boundedread.ReadRefused) as caught:
             boundedread.read_bounded(fifo, max_bytes=10)
         assert f"{fifo}: a FIFO, not a regular file" == str(caught.value)
-        with pytest.raises(subprocess.TimeoutExpired):
-            writer.wait(0.5)  # still blocked: no reader ever came
+        writer.join(0.5)
+        assert writer.is_alive(), "the FIFO was opened for reading"
     finally:
-        writer.kill()
-        writer.wait(10)
+        release = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open end
+        writer.join(5)
+        os.close(release)
+        for fd in opened:
+            os.close(fd)
 
 
 def test_a_parent_that_is_a_file_is_missing(tmp_path: Path) -> None:

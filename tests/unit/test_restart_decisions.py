@@ -15,6 +15,7 @@ from hal0_reconciler.host.restart_rules import Load, Outcome
         ("idle", {"requests_processing": 0, "requests_deferred": 0}, Load.IDLE),
         ("ready", {"requests_processing": 1, "requests_deferred": 0}, Load.BUSY),
         ("ready", {"requests_processing": 0, "requests_deferred": 2}, Load.BUSY),
+        ("ready", {"requests_processing": 0, "requests_deferred": 1}, Load.BUSY),
         ("serving", {"requests_processing": 0, "requests_deferred": 0}, Load.BUSY),
         ("warming", {"requests_processing": 0, "requests_deferred": 0}, Load.BUSY),
         ("ready", {"requests_processing": 0}, Load.NO_COUNTERS),
