@@ -113,3 +113,19 @@ def test_every_thread_the_daemon_starts_is_named(host: Host, notify_socket) -> N
     assert "hal0-worker" in tasks.values()
     assert "hal0-observer" in tasks.values()
     assert threadname.kernel_name("hal0-early-probe") == b"hal0-early-prob"
+
+
+def test_the_restarter_starts_its_worker_with_the_first_restart(host: Host, notify_socket) -> None:
+    """Idle, no restart worker runs; the first relabel's restart request starts it."""
+    import threading
+
+    def workers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("hal0-restarter")]
+
+    with running(host.settings()) as daemon:
+        notify_socket.wait_for("READY=1")
+        assert [] == workers()
+        assert daemon._restarter.is_alive()  # started, nothing to do: healthy
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: workers() == ["hal0-restarter"], what="the worker")
+        assert daemon._restarter.is_alive()

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host import restart_state, units
-from helpers.daemon_host import Host, running, wait_until
+from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api
 
@@ -197,6 +197,8 @@ def test_a_reload_keeps_the_running_concurrency_and_says_so(
     config.write_text("restart_concurrency = 1\n")
     with capture_logs() as logs, running(host.settings(), config_path=config) as daemon:
         notify_socket.wait_for("READY=1")
+        drop_slot(host.slots, "agent")  # a relabel: its restart request starts the worker
+        wait_until(lambda: device_of(host.slots / "agent.toml") == "gpu-rocm", what="relabel")
         config.write_text("restart_concurrency = 3\n")
         daemon.request_reload()
         wait_until(lambda: any(e["event"] == "daemon.reloaded" for e in logs), what="reload")

@@ -3,6 +3,8 @@ burst; a whole file that could not be read waits one settle window before it is 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from hal0_reconciler.daemon import workqueue
@@ -124,3 +126,46 @@ def test_a_full_pass_takes_no_prompt_keys(queue: WorkQueue, clock: FakeClock) ->
     assert batch is not None
     assert batch.everything
     assert frozenset() == batch.prompt
+
+
+def test_a_whole_file_given_back_before_it_was_taken_is_not_taken_at_once(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    queue.add_complete([A])
+    queue.add_doubtful([A])
+    assert queue.take(clock.now) is None
+    clock.now += 5.0
+    batch = queue.take(clock.now)
+    assert batch is not None
+    assert frozenset() == batch.prompt
+
+
+def test_a_key_taken_whole_is_not_named_whole_in_a_later_batch(
+    queue: WorkQueue, clock: FakeClock
+) -> None:
+    queue.add_complete([A])
+    first = queue.take(clock.now)
+    assert first is not None
+    queue.done(first)
+    queue.add(A, settled=True)  # the first pass's way: at once, but not a whole-file event
+    second = queue.take(clock.now)
+    assert second is not None
+    assert frozenset() == second.prompt
+
+
+def test_a_worker_waiting_without_a_timeout_is_woken_by_a_whole_file() -> None:
+    real = WorkQueue(settle=30.0, cap=60.0, clock=workqueue.SystemClock())
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(real.get()), daemon=True)
+    thread.start()
+    try:
+        threading.Event().wait(0.2)  # the worker is asleep in get() by then
+        real.add_complete([A])
+        thread.join(10)
+        assert not thread.is_alive()
+        batch = got[0]
+        assert isinstance(batch, workqueue.Batch)
+        assert (A,) == batch.slots
+    finally:
+        real.close()
+        thread.join(10)

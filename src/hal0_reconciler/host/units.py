@@ -146,6 +146,8 @@ class Restarter(lifecycle.StartStop):
         self._shown: tuple[object, ...] = ((), (), (), None)  # the report, as last counted
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
         self.on_change: Callable[[], None] | None = None  # told at each bump (the main loop)
+        self._started = False  # start() was called
+        self._spawned = False  # the workers were started (at the first request)
         self._threads = [
             threadname.NamedThread(
                 target=self._run,
@@ -179,6 +181,8 @@ class Restarter(lifecycle.StartStop):
                     reason="restarted less than restart_min_interval ago",
                 )
             self._put(request, due)
+        if self._started and not self._spawned:
+            self._spawn()
 
     def _put(self, request: RestartRequest, due: float) -> None:
         """Pending at ``due`` (replacing an earlier request for the slot). Holds ``_cond``."""
@@ -233,13 +237,26 @@ class Restarter(lifecycle.StartStop):
             return time.monotonic() - min(self._busy_since.values())
 
     def is_alive(self) -> bool:
-        """Every worker runs (one that died is the daemon's problem)."""
-        return all(thread.is_alive() for thread in self._threads)
+        """Started and not stopped, and every worker runs (one that died is the daemon's
+        problem). The workers start with the first request: none runs while nothing did."""
+        if not self._started or (self._stop is not None and not self._spawned):
+            return False
+        return not self._spawned or all(thread.is_alive() for thread in self._threads)
 
     def start(self) -> None:
         for request in self._flow.take_in_flight():
             log.info("unit.restart_to_confirm", slot=request.name, unit=unit_name(request.token))
             self.submit(request)
+        self._started = True
+        if self._pending:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        """Start the workers, once (at the first request after ``start``)."""
+        with self._cond:
+            if self._spawned or self._stop is not None:
+                return
+            self._spawned = True
         for thread in self._threads:
             thread.start()
 
