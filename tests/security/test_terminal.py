@@ -138,7 +138,7 @@ def test_plan_shows_hostile_names_escaped_and_json_keeps_them_exact(
         row.split()[:6]
     )
     assert IMAGE_SHOWN in row.split()
-    assert f"hal0: {VERSION_SHOWN};" in shown.stdout
+    assert f"(installed {VERSION_SHOWN})" in shown.stdout
     machine = run_cli("plan", *args, "--json", home=tmp_path)
     doc = json.loads(machine.stdout)
     (slot,) = doc["slots"]

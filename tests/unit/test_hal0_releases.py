@@ -450,3 +450,19 @@ def test_assumed_and_unnamed_placements_say_why() -> None:
     assert release.version_key("1.7.0rc2") > release.version_key("1.7.0rc1")
     assert release.version_key("1.7") < release.version_key("1.7.1")
     assert release.version_key("1.7.0") == ((1, 7, 0), 3, 0)
+
+
+def test_environment_after_drops_retired_and_blank_old_lines() -> None:
+    known = {"standard", "cpu"}
+    retired = {"HAL0_TOOLBOX_IMAGE_ROCMFPX": "ghcr.io/hal0ai/hal0-combined:0826"}
+    assert conversion.environment_after(retired, known) == {}
+    assert conversion.environment_after({"HAL0_TOOLBOX_IMAGE_CPU": " "}, known) == {}
+    assert conversion.environment_after({"HAL0_TOOLBOX_IMAGE_STRIX": "r/s:1"}, known) == {}
+    assert release.BY_VERSION["1.7.0"].era_words == "manifest pins"
+    assert release.BY_VERSION["1.0.0"].era_words == "schema allowlist"
+
+
+@pytest.mark.parametrize("text", ["1.1.0\x1b]8;;http://evil\x1b\\link", "1.7.0.1", "1.1.0 extra"])
+def test_a_version_with_anything_after_the_number_is_not_cut_to_a_shorter_one(text: str) -> None:
+    """Never backtracked into a shorter release ("1.1.0\\x1b…" is not "1.1")."""
+    assert release.base_release(text) in {None, "1.7.0.1"}

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import psutil
-
 if TYPE_CHECKING:
     from pathlib import Path
 
 
 def started_at(venv: Path) -> float | None:
     """The start time (epoch seconds) of the oldest ``hal0 serve`` of this venv, or None."""
+    import psutil  # noqa: PLC0415 - only once a 1.4+ manifest is read (psutil loads subprocess)
+
     prefix = str(venv).rstrip("/") + "/"
     found: list[float] = []
     for process in psutil.process_iter(["cmdline", "create_time"]):

@@ -82,7 +82,7 @@ _STRUCTURE_RULE = {
     Structure.ALLOWLIST: Hal0Rule.ALLOWLIST,
     Structure.PRE_RULE: Hal0Rule.PRE_RULE,
 }
-_VERSION = re.compile(r"v?(?P<base>\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?)(?P<rest>[-+._].*)?")
+_VERSION = re.compile(r"v?(?P<base>\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?)(?P<rest>(?:[-+_]|\.(?!\d)).*)?")
 
 
 def first_of(rule: Hal0Rule) -> Release:
