@@ -86,7 +86,7 @@ def _check_sdist(out: Path) -> None:
         "tests/run",
         "tests/system/test_in_systemd.py",
         "tests/data/slots/agent.toml",
-        "src/hal0_reconciler/aiter/routing.toml",
+        "src/hal0_reconciler/aiter/rules/routing.toml",
     ):
         assert needed in names, f"the sdist lacks {needed}"
     assert not [n for n in names if "__pycache__" in n or n.startswith(".venv")]

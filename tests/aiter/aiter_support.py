@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import tablegen
 
-from hal0_reconciler.aiter import routing, tables
-from hal0_reconciler.aiter import rules as aiter_rules
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.rules import sets as aiter_rules
+from hal0_reconciler.aiter.tables import rows as tables
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.hosts import SHARED
 
@@ -40,7 +41,7 @@ def real_configs() -> Path:
 def rules() -> routing.Routing:
     from importlib import resources
 
-    text = resources.files("hal0_reconciler.aiter").joinpath("routing.toml").read_text()
+    text = resources.files("hal0_reconciler.aiter.rules").joinpath("routing.toml").read_text()
     return routing.parse_routing(text)
 
 
@@ -48,7 +49,7 @@ def rules() -> routing.Routing:
 def book() -> aiter_rules.RuleBook:
     from importlib import resources
 
-    text = resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text()
+    text = resources.files("hal0_reconciler.aiter.rules").joinpath("rules.toml").read_text()
     return aiter_rules.parse_rules(text)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hal0_reconciler.aiter import heal
+from hal0_reconciler.aiter.quarantine import heal
 
 
 @pytest.fixture

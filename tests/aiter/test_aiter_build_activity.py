@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hal0_reconciler.aiter import heal
+from hal0_reconciler.aiter.quarantine import heal
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 SHELL = "/bin/sh"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from aiter_support import BPS_CK, BPS_CKTILE
 
-from hal0_reconciler.aiter import cli, heal, monitor
+from hal0_reconciler.aiter import cli, monitor
+from hal0_reconciler.aiter.quarantine import heal
 from hal0_reconciler.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("no_processes")

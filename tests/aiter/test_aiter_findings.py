@@ -6,7 +6,9 @@ from pathlib import PurePath
 
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import findings, plan, routing, survey
+from hal0_reconciler.aiter import findings, survey
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.rules import routing
 
 SO = PurePath("/jit/module_x.so")
 TABLE = PurePath("/configs/t.csv")

@@ -12,8 +12,10 @@ import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, OPUS
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal, monitor, plan
-from hal0_reconciler.aiter import quarantine_fs as qfs
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.quarantine import folder as qfs
+from hal0_reconciler.aiter.quarantine import heal
 from helpers import quarantines
 
 pytestmark = pytest.mark.usefixtures("no_processes")

@@ -10,7 +10,11 @@ import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, GFX950, Tree, names_for
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal, monitor, plan, registry, tables
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.registry import cache as registry
+from hal0_reconciler.aiter.tables import rows as tables
 
 pytestmark = pytest.mark.usefixtures("no_processes")
 E4048607 = "0.1.21.dev46+ge4048607a5"

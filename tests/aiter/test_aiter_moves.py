@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import heal
-from hal0_reconciler.aiter import quarantine_fs as qfs
-from hal0_reconciler.aiter import quarantine_journal as qj
-from hal0_reconciler.aiter import quarantine_ops as qops
+from hal0_reconciler.aiter.quarantine import folder as qfs
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.quarantine import journal as qj
+from hal0_reconciler.aiter.quarantine import ops as qops
 from helpers import quarantines
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from hal0_reconciler.aiter import plan, resolve, routing, tables
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import resolve
+from hal0_reconciler.aiter.tables import rows as tables
 
 CSV = PurePath("/configs/t.csv")
 OVERLAY = PurePath("/configs/model_configs/o.csv")

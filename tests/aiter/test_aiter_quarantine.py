@@ -18,9 +18,12 @@ import pytest
 from aiter_support import BPS_CK, BPS_CKTILE
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal, manifest_digest, monitor, plan
-from hal0_reconciler.aiter import quarantine_fs as qfs
-from hal0_reconciler.aiter import quarantine_journal as qj
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.quarantine import digests as manifest_digest
+from hal0_reconciler.aiter.quarantine import folder as qfs
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.quarantine import journal as qj
 from helpers import quarantines
 
 pytestmark = pytest.mark.usefixtures("no_processes")

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from hal0_reconciler.aiter import registry
+from hal0_reconciler.aiter.registry import cache as registry
 
 NAMES = ["gemm_kernel_1", "gemm_kernel_1_aqrm", "gemm_kernel_10x", "other_kernel_256x16"]
 
@@ -131,7 +131,7 @@ def test_corrupt_cache_reads_as_empty(plain_so, tmp_path):
 
 def test_a_cache_of_another_version_is_ignored(tmp_path):
     """A cache file written by another version is not trusted: it is set aside with a reason."""
-    from hal0_reconciler.aiter import registry
+    from hal0_reconciler.aiter.registry import cache as registry
 
     cache = tmp_path / "registry.json"
     cache.write_text(

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from aiter_support import BPS, BPS_CK, SoBuilder, Tree
 
-from hal0_reconciler.aiter import cli, monitor, routing
+from hal0_reconciler.aiter import cli, monitor
+from hal0_reconciler.aiter.rules import routing
 from helpers.hosts import SHARED
 
 pytestmark = pytest.mark.usefixtures("no_processes")

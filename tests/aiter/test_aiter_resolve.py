@@ -10,8 +10,9 @@ from aiter_support import AT_E4048607, BPS, DATA_CONFIGS, OLDER, route_of, rules
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.aiter import resolve, routing
-from hal0_reconciler.aiter import rules as aiter_rules
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.rules import sets as aiter_rules
+from hal0_reconciler.aiter.tables import resolve
 
 VAR = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE"
 
@@ -27,7 +28,7 @@ def _resolve(
         from importlib import resources
 
         book = aiter_rules.parse_rules(
-            resources.files("hal0_reconciler.aiter").joinpath("rules.toml").read_text()
+            resources.files("hal0_reconciler.aiter.rules").joinpath("rules.toml").read_text()
         )
         ruleset = next(s for s in book.sets if s.name == AT_E4048607)
     return resolve.resolve(

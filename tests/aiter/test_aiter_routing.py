@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, route_of
 
-from hal0_reconciler.aiter import routing
+from hal0_reconciler.aiter.rules import routing
 
 
 def test_blockscale_bpreshuffle_cktile_rows_go_to_their_own_module(rules):

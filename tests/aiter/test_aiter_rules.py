@@ -10,7 +10,8 @@ from aiter_support import AT_E4048607, OLDER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.aiter import installed, rules
+from hal0_reconciler.aiter.rules import installed
+from hal0_reconciler.aiter.rules import sets as rules
 
 # Excerpts written for these tests in the shape of aiter's jit/core.py (not copies of it).
 CORE_E4048607 = """

@@ -21,7 +21,7 @@ from aiter_support import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.aiter import tables
+from hal0_reconciler.aiter.tables import rows as tables
 
 HEADER = ["gfx", "cu_num", "M", "libtype", "kernelName"]
 
@@ -217,7 +217,7 @@ def test_duplicate_merge_keeps_one_fastest_row_per_shape(files):
     file and line on ties); every other row of that shape loses."""
     from pathlib import PurePath
 
-    from hal0_reconciler.aiter import plan
+    from hal0_reconciler.aiter.decision import plan
 
     parsed = [
         (

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.aiter import target
-from hal0_reconciler.aiter.tables import Target
+from hal0_reconciler.aiter.tables import target
+from hal0_reconciler.aiter.tables.rows import Target
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiter_support import BPS, GFX942, GFX950, csv_text, route_of
 
-from hal0_reconciler.aiter import tables
+from hal0_reconciler.aiter.tables import rows as tables
 
 BOTH = frozenset({GFX950, GFX942})
 

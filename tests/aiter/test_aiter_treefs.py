@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import boundedread
-from hal0_reconciler.aiter import treefs
+from hal0_reconciler.aiter.trees import fs as treefs
 
 
 @pytest.fixture(params=["openat2", "walk"])

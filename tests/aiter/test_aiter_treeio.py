@@ -15,7 +15,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from hal0_reconciler import boundedread
-from hal0_reconciler.aiter import treefs, treeio, treeowner
+from hal0_reconciler.aiter.trees import fs as treefs
+from hal0_reconciler.aiter.trees import owner as treeowner
+from hal0_reconciler.aiter.trees import owner_io as treeio
 from helpers import devnodes
 
 

@@ -6,7 +6,8 @@ from pathlib import PurePath
 
 import pytest
 
-from hal0_reconciler.aiter import plan, routing, verdict
+from hal0_reconciler.aiter.decision import plan, verdict
+from hal0_reconciler.aiter.rules import routing
 
 SO = PurePath("/jit/module_x.so")
 TABLE = PurePath("/configs/t.csv")

@@ -12,7 +12,8 @@ import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, DATA_CONFIGS, OPUS
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal, monitor
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.quarantine import heal
 
 pytestmark = pytest.mark.usefixtures("no_processes")
 VAR = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE"

@@ -10,7 +10,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from hal0_reconciler.aiter import treeowner, whose
+from hal0_reconciler.aiter.trees import owner as treeowner
+from hal0_reconciler.aiter.trees import whose
 from hal0_reconciler.model import Credentials
 from helpers import devnodes
 

@@ -14,7 +14,9 @@ from typing import Any
 from aiter_support import BPS_CK, BPS_CKTILE
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import monitor, plan, registry
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.registry import cache as registry
 from hal0_reconciler.daemon import selfheal, status
 from helpers.clock import FakeClock
 

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import modulescan, namescan, registry, treeio
+from hal0_reconciler.aiter.registry import cache as registry
+from hal0_reconciler.aiter.registry import names as namescan
+from hal0_reconciler.aiter.registry import scan as modulescan
+from hal0_reconciler.aiter.trees import owner_io as treeio
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hal0_reconciler"
 NAME = "a8w8_blockscale_kernel_1"

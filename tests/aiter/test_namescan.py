@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.aiter import modulescan, namescan, registry
+from hal0_reconciler.aiter.registry import cache as registry
+from hal0_reconciler.aiter.registry import names as namescan
+from hal0_reconciler.aiter.registry import scan as modulescan
 
 ALPHABET = st.sampled_from(list(b"ab_x0\x00\x01 ~\xff"))
 NAME_CHARS = st.sampled_from(list("ab_x0 ~\x01é"))

@@ -28,7 +28,10 @@ from aiter_support import (
     names_for,
 )
 
-from hal0_reconciler.aiter import installed, monitor, needscache, routing, tablecache
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.rules import installed, routing
+from hal0_reconciler.aiter.tables import cache as tablecache
+from hal0_reconciler.aiter.tables import needs as needscache
 from hal0_reconciler.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("no_processes")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from aiter_support import Tree
 
-from hal0_reconciler.aiter import monitor, tablecache
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.tables import cache as tablecache
 
 
 def _checked(tree: Tree) -> tuple[monitor.AiterMonitor, list[tuple[str, str]]]:

@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 
 from hal0_reconciler import boundedread
-from hal0_reconciler.aiter import owner_heal_child, treechild, treefs, treeio
+from hal0_reconciler.aiter.quarantine import as_owner_child as owner_heal_child
+from hal0_reconciler.aiter.trees import child as treechild
+from hal0_reconciler.aiter.trees import fs as treefs
+from hal0_reconciler.aiter.trees import owner_io as treeio
 
 
 def _fds() -> set[str]:

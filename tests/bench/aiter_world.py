@@ -115,7 +115,7 @@ class AiterWorld:
     def registry_scan(self) -> float:
         """The registry's part alone: every module scanned for the names routed to it."""
         sys.path.insert(0, str(world_mod.REPO / "src"))
-        from hal0_reconciler.aiter import registry
+        from hal0_reconciler.aiter.registry import cache as registry
 
         reg = registry.Registry(None)
         t = time.perf_counter()

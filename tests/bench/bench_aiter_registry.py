@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hal0_reconciler.aiter import monitor, routing, survey, tables
+from hal0_reconciler.aiter import monitor, survey
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import rows as tables
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 
 HERE = Path(__file__).resolve().parent

@@ -30,7 +30,8 @@ sys.path.insert(0, str(world_mod.REPO / "src"))
 import structlog
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import restart_flow, units
+from hal0_reconciler.host.restarts import flow as restart_flow
+from hal0_reconciler.host.restarts import units
 
 INTERVAL = 10.0
 

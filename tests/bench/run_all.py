@@ -204,7 +204,7 @@ def _passes(w: world_mod.World) -> tuple[object, object]:
     from hal0_reconciler import settings as settings_mod
     from hal0_reconciler.aiter import monitor
     from hal0_reconciler.daemon import passes, runner, selfheal, workqueue
-    from hal0_reconciler.host import units
+    from hal0_reconciler.host.restarts import units
     from hal0_reconciler.model import HostFacts, LaneState
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())

@@ -13,7 +13,8 @@ import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, GFX950
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal, monitor
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.quarantine import heal
 from hal0_reconciler.daemon import selfheal, status
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.clock import FakeClock

@@ -14,7 +14,7 @@ import pytest
 
 from hal0_reconciler import __version__, reconcile
 from hal0_reconciler.daemon import metrics, progress
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import HostFacts, LaneState
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers import promtool as promtool_path

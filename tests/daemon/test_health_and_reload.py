@@ -25,8 +25,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from hal0_reconciler.aiter import heal
-from hal0_reconciler.aiter.heal import ProcessScanUnavailable
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.quarantine.heal import ProcessScanUnavailable
 from hal0_reconciler.daemon import notify, runner, selfheal, status, workqueue
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until

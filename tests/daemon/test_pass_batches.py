@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hal0_reconciler.daemon import memory, passes, publish
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import HostFacts, LaneState, ProbeResult
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import seen

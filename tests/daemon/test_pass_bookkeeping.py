@@ -13,7 +13,7 @@ import pytest
 from hal0_reconciler.aiter import monitor
 from hal0_reconciler.daemon import publish, selfheal
 from hal0_reconciler.daemon.workqueue import Batch, Special
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from hal0_reconciler.slots import seen

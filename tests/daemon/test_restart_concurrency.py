@@ -14,7 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import restart_state, units
+from hal0_reconciler.host.restarts import state as restart_state
+from hal0_reconciler.host.restarts import units
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from helpers.daemon_host import wait_until
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api
@@ -192,7 +192,7 @@ def test_a_restarter_left_running_does_not_keep_the_process_alive(tmp_path: Path
 
     code = (
         "from hal0_reconciler import settings\n"
-        "from hal0_reconciler.host import units\n"
+        "from hal0_reconciler.host.restarts import units\n"
         "r = units.Restarter(settings.load(None, {}))\n"
         "r.start()\n"
         "print('started', flush=True)\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from helpers.daemon_host import wait_until
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.hal0_api_server import Hal0Api

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from helpers.daemon_host import wait_until
 from helpers.fake_systemctl import restarter_overrides
 

@@ -6,8 +6,8 @@ import threading
 
 from structlog.testing import capture_logs
 
-from hal0_reconciler.host import units
 from hal0_reconciler.host.envfile import read_env_file
+from hal0_reconciler.host.restarts import units
 from helpers.daemon_host import Host, device_of, drop_slot, running, wait_until
 from helpers.hal0_api_server import Hal0Api
 

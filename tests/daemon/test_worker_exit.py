@@ -148,7 +148,7 @@ def test_an_orderly_stop_fits_in_systemds_stop_budget() -> None:
     less than the unit's TimeoutStopSec: systemd never has to SIGKILL an orderly stop."""
     from hal0_reconciler import fsio
     from hal0_reconciler.daemon import passes, watch
-    from hal0_reconciler.host import units
+    from hal0_reconciler.host.restarts import units
 
     waits = {
         "worker": passes.WORKER_STOP_WAIT,

@@ -10,7 +10,7 @@ from pathlib import Path
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.daemon import passes, runner, selfheal
 from hal0_reconciler.daemon.workqueue import Batch, Special, WorkKey
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import SlotKey
 from hal0_reconciler.settings import Settings
 from helpers.clock import FakeClock

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hal0_reconciler.aiter import heal
+from hal0_reconciler.aiter.quarantine import heal
 from helpers import quarantines
 
 
@@ -40,8 +40,8 @@ def arm(kill_at: int, state: Path) -> dict[str, Any]:
     """Install the barrier; returns the keyword arguments the heal functions take here."""
     arrive = _barrier(kill_at)
     try:
-        from hal0_reconciler.aiter import manifest_digest
-        from hal0_reconciler.aiter import quarantine_fs as qfs
+        from hal0_reconciler.aiter.quarantine import digests as manifest_digest
+        from hal0_reconciler.aiter.quarantine import folder as qfs
     except ImportError:  # 0.1.0: every module move is an os.rename of a path
         real = os.rename
 
@@ -72,7 +72,8 @@ def main(argv: list[str]) -> int:
 
 
 def _as_owner(jit: Path, state: Path, verb: str, arg: str) -> int:
-    from hal0_reconciler.aiter import manifest_digest, owner_heal
+    from hal0_reconciler.aiter.quarantine import as_owner as owner_heal
+    from hal0_reconciler.aiter.quarantine import digests as manifest_digest
 
     book = manifest_digest.DigestBook(state / "aiter")
     io = quarantines.owner_io(jit)

@@ -16,15 +16,17 @@ from pathlib import Path, PurePath
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from hal0_reconciler.aiter import heal, plan, routing
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.rules import routing
 
 if TYPE_CHECKING:
-    from hal0_reconciler.aiter import manifest_digest
+    from hal0_reconciler.aiter.quarantine import digests as manifest_digest
 
 
 def book_for(state_dir: Path) -> manifest_digest.DigestBook:
     """The book the monitor of a tree whose ``state_dir`` this is uses."""
-    from hal0_reconciler.aiter import manifest_digest
+    from hal0_reconciler.aiter.quarantine import digests as manifest_digest
 
     return manifest_digest.DigestBook(state_dir / "aiter")
 
@@ -122,7 +124,8 @@ def reachable_dir() -> Iterator[Path]:
 def owner_io(jit: Path, *, timeout: float = 10.0) -> Any:
     """The tree I/O of ``jit`` with its owner's credentials (the owner's child when the owner is
     not root), judged as the daemon judges it: the tree's owner is the JIT folder's."""
-    from hal0_reconciler.aiter import treeio, treeowner
+    from hal0_reconciler.aiter.trees import owner as treeowner
+    from hal0_reconciler.aiter.trees import owner_io as treeio
 
     found = treeowner.owner_of(jit, jit.parent)
     assert None is found.refused

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from hal0_reconciler.host import hal0_api, restart_flow
-from hal0_reconciler.host.restart_flow import RestartRequest, RestartResult
+from hal0_reconciler.host.restarts import api as hal0_api
+from hal0_reconciler.host.restarts import flow as restart_flow
+from hal0_reconciler.host.restarts.flow import RestartRequest, RestartResult
 from hal0_reconciler.settings import Settings
 from helpers import hal0_real_api
 from helpers.hal0_real_api import RELEASES, RealHal0Api

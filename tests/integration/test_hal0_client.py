@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import hal0_api
+from hal0_reconciler.host.restarts import api as hal0_api
 
 pytestmark = pytest.mark.timeout(30)
 

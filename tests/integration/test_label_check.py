@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hal0_reconciler.host import label_check, running_lane
-from hal0_reconciler.host.running_lane import Intent, LabelState
+from hal0_reconciler.host.restarts import label_check, running_lane
+from hal0_reconciler.host.restarts.running_lane import Intent, LabelState
 from hal0_reconciler.slots import document
 from helpers import hal0_facts
 

@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from helpers.fake_systemctl import restarter_overrides
 from helpers.hal0_api_server import Hal0Api
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from helpers.fake_systemctl import FakeSystemctl
 from helpers.hal0_api_server import Hal0Api
 from helpers.hosts import REPO

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import cli, monitor, plan
+from hal0_reconciler.aiter import cli, monitor
+from hal0_reconciler.aiter.decision import plan
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers.attacker import Attacker, Tally
 
@@ -296,7 +297,7 @@ def _strace_events(log: Path) -> list[str]:
     child_pids: set[int] = set()
     calls = [line.split(None, 1) for line in log.read_text(errors="replace").splitlines()]
     for pid, call in calls:
-        if "execve(" in call and "treechild" in call:
+        if "execve(" in call and "hal0_reconciler.aiter.trees." in call:
             child_pids.add(int(pid))
     return [call for pid, call in calls if int(pid) not in child_pids]
 

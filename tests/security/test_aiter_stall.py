@@ -54,7 +54,7 @@ while True:
                 cmd = fh.read()
         except (OSError, StopIteration, ValueError):
             continue
-        if b"hal0_reconciler.aiter.treechild" in cmd:
+        if b"hal0_reconciler.aiter.trees.child" in cmd:
             print(f"stopped {pid}", flush=True)
             while True:  # keep it stopped until it is gone
                 try:

@@ -37,7 +37,7 @@ _CLIENT = """
 import errno, json, socket, sys
 from structlog.testing import capture_logs
 from hal0_reconciler import settings
-from hal0_reconciler.host import hal0_api, peer
+from hal0_reconciler.host.restarts import api as hal0_api, peer
 url, env, units = sys.argv[1:4]
 try:
     socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4).close()

@@ -22,7 +22,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import hal0_api, peer, units
+from hal0_reconciler.host.restarts import api as hal0_api
+from hal0_reconciler.host.restarts import peer, units
 from helpers.attacker import Attacker, Tally
 from helpers.fake_systemctl import FakeSystemctl, restarter_overrides
 from helpers.squatter import squatter

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import (
-    heal,
-    manifest_digest,
-    monitor,
-    owner_heal,
-    owner_heal_child,
-    treeio,
-)
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.quarantine import as_owner as owner_heal
+from hal0_reconciler.aiter.quarantine import as_owner_child as owner_heal_child
+from hal0_reconciler.aiter.quarantine import digests as manifest_digest
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.trees import owner_io as treeio
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers import quarantines
 from helpers.attacker import Attacker, Tally

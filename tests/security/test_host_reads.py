@@ -233,7 +233,7 @@ def test_our_own_memories_read_back_refuse_a_fifo(
     code = f"""
 from pathlib import Path
 from hal0_reconciler.slots.seen import SeenSlots
-from hal0_reconciler.aiter import cachefile
+from hal0_reconciler.aiter.tables import cachefile
 state = Path({str(state)!r})
 print(len(SeenSlots.load(state / "seen.json", scope="s")._entries))
 print(cachefile.read(state / "tables.json", 1, "tables"))

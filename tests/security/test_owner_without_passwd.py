@@ -16,7 +16,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from hal0_reconciler.aiter import treeio, treeowner
+from hal0_reconciler.aiter.trees import owner as treeowner
+from hal0_reconciler.aiter.trees import owner_io as treeio
 from helpers.attacker import Tally
 
 

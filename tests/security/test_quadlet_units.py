@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.host import label_check, running_lane
+from hal0_reconciler.host.restarts import label_check, running_lane
 from helpers.attacker import Attacker, Tally
 
 pytestmark = pytest.mark.timeout(30)

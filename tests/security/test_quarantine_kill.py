@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import hal0_reconciler
-from hal0_reconciler.aiter import heal, owner_heal
+from hal0_reconciler.aiter.quarantine import as_owner as owner_heal
+from hal0_reconciler.aiter.quarantine import heal
 from helpers import quarantines
 from helpers.attacker import Attacker, Tally
 

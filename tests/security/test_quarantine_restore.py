@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import heal, monitor
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.quarantine import heal
 from hal0_reconciler.settings import AiterSettings, AiterTree, Settings
 from helpers import quarantines
 from helpers.attacker import Attacker, Tally

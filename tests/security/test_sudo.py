@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.host import caller, hal0_api
+from hal0_reconciler.host import caller
+from hal0_reconciler.host.restarts import api as hal0_api
 from helpers.attacker import Attacker, Tally
 from helpers.daemon_host import drop_slot
 from helpers.hal0_tree import Hal0Tree

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import treeowner
+from hal0_reconciler.aiter.trees import owner as treeowner
 from helpers.attacker import Attacker, Tally
 
 pytestmark = pytest.mark.timeout(60)

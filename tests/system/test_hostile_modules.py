@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import routing, tables
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import rows as tables
 from helpers import nspawn
 from helpers.hosts import REPO
 from helpers.nspawn import DEV, FILES
@@ -103,7 +104,9 @@ def _files(into: Path) -> None:
     """The suite's tables; the raced module (gcc, every name the tables ask, 48 MiB)."""
     configs = tablegen.WRITTEN_CONFIGS
     shutil.copytree(configs, into / "configs")
-    rules = routing.parse_routing((REPO / "src/hal0_reconciler/aiter/routing.toml").read_text())
+    rules = routing.parse_routing(
+        (REPO / "src/hal0_reconciler/aiter/rules/routing.toml").read_text()
+    )
     route = next(t for t in rules.tables if t.stem == STEM)
     names: set[str] = set()
     for path in [configs / f"{STEM}.csv", *sorted((configs / "model_configs").glob(f"*{STEM}*"))]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hal0_reconciler.aiter import routing, tables
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import rows as tables
 from helpers import nspawn
 from helpers.hosts import REPO
 from helpers.nspawn import DEV, FILES
@@ -448,7 +449,7 @@ def _aiter_files(into: Path) -> None:
     three names short."""
     configs = tablegen.WRITTEN_CONFIGS
     shutil.copytree(configs, into / "configs")
-    text = (REPO / "src/hal0_reconciler/aiter/routing.toml").read_text()
+    text = (REPO / "src/hal0_reconciler/aiter/rules/routing.toml").read_text()
     rules = routing.parse_routing(text)
     stem = "a8w8_blockscale_bpreshuffle_tuned_gemm"
     route = next(t for t in rules.tables if t.stem == stem)
@@ -559,7 +560,7 @@ def test_a_users_tree_is_read_by_a_child_running_as_that_user_and_still_healed(
             lambda: [
                 line
                 for line in box.run("ps -eo user:20=,args=", check=False).stdout.splitlines()
-                if "hal0_reconciler.aiter.treechild" in line
+                if "hal0_reconciler.aiter.trees.child" in line
             ],
             30,
         )

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from hal0_reconciler.host import peer
+from hal0_reconciler.host.restarts import peer
 
 OK = frozenset({0, 990})
 LISTENER = peer.Listener("127.0.0.1", 8080, 990, 11)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hal0_reconciler.host import restart_rules
-from hal0_reconciler.host.restart_rules import Load, Outcome
+from hal0_reconciler.host.restarts import rules as restart_rules
+from hal0_reconciler.host.restarts.rules import Load, Outcome
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hal0_reconciler.host import running_lane
-from hal0_reconciler.host.running_lane import Intent, LabelState, RenderedUnit, Running
+from hal0_reconciler.host.restarts import running_lane
+from hal0_reconciler.host.restarts.running_lane import Intent, LabelState, RenderedUnit, Running
 
 VULKAN_IMAGE = "ghcr.io/hal0ai/hal0-vulkan:test"
 ROCM_IMAGE = "ghcr.io/hal0ai/hal0-combined:0824"

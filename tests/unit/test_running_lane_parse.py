@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hal0_reconciler.host import running_lane
+from hal0_reconciler.host.restarts import running_lane
 
 _PATH = st.from_regex(r"/dev/[a-z]{1,6}(/[a-zA-Z0-9]{1,8}){0,2}", fullmatch=True)
 _IMAGE = st.from_regex(r"[a-z0-9.]{1,12}/[a-z0-9-]{1,12}:[a-z0-9.]{1,8}", fullmatch=True)

@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hal0_reconciler import console
-from hal0_reconciler.aiter import heal, monitor, resolve, routing, tables
+from hal0_reconciler.aiter import monitor
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import resolve
+from hal0_reconciler.aiter.tables import rows as tables
 from hal0_reconciler.settings import AiterTree, Settings
 
 EXIT_OK, EXIT_ERROR, EXIT_PENDING = 0, 1, 2

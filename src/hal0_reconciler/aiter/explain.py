@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import TextIO
 
 from hal0_reconciler import boundedread, console
-from hal0_reconciler.aiter import monitor, plan, routing, survey, tables
+from hal0_reconciler.aiter import monitor, survey
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.tables import rows as tables
 from hal0_reconciler.settings import Settings
 
 EXIT_OK, EXIT_ERROR = 0, 1

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import plan, routing, survey
-from hal0_reconciler.aiter.healing import sample
+from hal0_reconciler.aiter import survey
+from hal0_reconciler.aiter.decision import plan
+from hal0_reconciler.aiter.quarantine.requests import sample
+from hal0_reconciler.aiter.rules import routing
 
 log = _log.get_logger()
 

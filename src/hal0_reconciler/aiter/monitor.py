@@ -11,20 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from hal0_reconciler import _log
-from hal0_reconciler.aiter import (
-    findings,
-    heal,
-    healing,
-    manifest_digest,
-    plan,
-    registry,
-    routing,
-    survey,
-    treeaccess,
-    treeio,
-    verdict,
-)
-from hal0_reconciler.aiter.healing import HealResult
+from hal0_reconciler.aiter import findings, survey
+from hal0_reconciler.aiter.decision import plan, verdict
+from hal0_reconciler.aiter.quarantine import digests as manifest_digest
+from hal0_reconciler.aiter.quarantine import heal
+from hal0_reconciler.aiter.quarantine import requests as healing
+from hal0_reconciler.aiter.quarantine.requests import HealResult
+from hal0_reconciler.aiter.registry import cache as registry
+from hal0_reconciler.aiter.rules import routing
+from hal0_reconciler.aiter.trees import access as treeaccess
+from hal0_reconciler.aiter.trees import owner_io as treeio
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger()

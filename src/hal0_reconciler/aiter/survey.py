@@ -18,21 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from hal0_reconciler import boundedread, fsio
-from hal0_reconciler.aiter import (
-    installed,
-    plan,
-    registry,
-    resolve,
-    routing,
-    sources,
-    tables,
-    target,
-    treeaccess,
-    treeio,
-    verdict,
-)
-from hal0_reconciler.aiter import rules as rules_mod
-from hal0_reconciler.aiter.table_reads import TableReads
+from hal0_reconciler.aiter.decision import plan, verdict
+from hal0_reconciler.aiter.registry import cache as registry
+from hal0_reconciler.aiter.rules import installed, routing
+from hal0_reconciler.aiter.rules import sets as rules_mod
+from hal0_reconciler.aiter.tables import resolve, sources, target
+from hal0_reconciler.aiter.tables import rows as tables
+from hal0_reconciler.aiter.tables.reads import TableReads
+from hal0_reconciler.aiter.trees import access as treeaccess
+from hal0_reconciler.aiter.trees import owner_io as treeio
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.settings import AiterTree, Settings
 from hal0_reconciler.slots import document, store

@@ -45,7 +45,7 @@ def _once_until(
 ) -> int:
     from hal0_reconciler import passview, reconcile, state  # the engine: see cli.plan
     from hal0_reconciler.host import facts as host_facts
-    from hal0_reconciler.host import units
+    from hal0_reconciler.host.restarts import units
     from hal0_reconciler.model import LaneState
 
     preflight.require_slots_dir(current)

@@ -13,7 +13,7 @@ from typing import Any
 from hal0_reconciler import _log, reconcile
 from hal0_reconciler.daemon import fights, labels, workqueue
 from hal0_reconciler.daemon.progress import Progress, digest, lane_metric_state
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import HostFacts, LaneState, Reason, SlotKey
 
 log = _log.get_logger("hal0_reconciler.daemon")

@@ -8,8 +8,8 @@ import os
 
 from hal0_reconciler import _log
 from hal0_reconciler.daemon import bookkeeping, passes, workqueue
-from hal0_reconciler.host import units
 from hal0_reconciler.host.hal0 import budget
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger("hal0_reconciler.daemon")

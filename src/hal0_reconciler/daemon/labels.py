@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hal0_reconciler import _log, console, reconcile
-from hal0_reconciler.host import label_check, restart_rules, running_lane, units
 from hal0_reconciler.host.envfile import read_env_file
-from hal0_reconciler.host.running_lane import Intent, LabelState
+from hal0_reconciler.host.restarts import label_check, running_lane, units
+from hal0_reconciler.host.restarts import rules as restart_rules
+from hal0_reconciler.host.restarts.running_lane import Intent, LabelState
 from hal0_reconciler.model import Hal0Facts, Runtime
 from hal0_reconciler.settings import Settings
 

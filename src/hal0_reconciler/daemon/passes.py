@@ -31,8 +31,8 @@ from hal0_reconciler.daemon import (
     workqueue,
 )
 from hal0_reconciler.daemon.progress import Progress, digest
-from hal0_reconciler.host import units
 from hal0_reconciler.host.hal0 import reader as hal0
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.model import HostFacts, LaneState, SlotKey
 from hal0_reconciler.settings import Settings
 

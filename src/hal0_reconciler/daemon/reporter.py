@@ -9,7 +9,7 @@ import time
 from hal0_reconciler import _log
 from hal0_reconciler.daemon import health, notify, passes, publish, selfheal, status, statusjson
 from hal0_reconciler.daemon import watch as watch_mod
-from hal0_reconciler.host import units
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.settings import Settings
 
 log = _log.get_logger("hal0_reconciler.daemon")

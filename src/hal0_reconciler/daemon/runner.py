@@ -36,8 +36,8 @@ from hal0_reconciler.daemon import (
 )
 from hal0_reconciler.errors import ReconcilerError
 from hal0_reconciler.host import facts as host_facts
-from hal0_reconciler.host import units
 from hal0_reconciler.host.hal0 import reader as hal0
+from hal0_reconciler.host.restarts import units
 from hal0_reconciler.settings import Settings
 from hal0_reconciler.slots import store
 from hal0_reconciler.state import DemotionLedger

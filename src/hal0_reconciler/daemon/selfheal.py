@@ -207,7 +207,7 @@ class SelfHeal:
             self._paths = paths
 
     def _record(self, report: monitor.MonitorReport) -> None:
-        from hal0_reconciler.aiter import plan  # noqa: PLC0415 - loaded by the check already
+        from hal0_reconciler.aiter.decision import plan  # noqa: PLC0415 - loaded by the check already
 
         modules = [(p, m) for p in report.plans for m in p.modules]
         healed = [h for h in report.heals if h.quarantine is not None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hal0_reconciler.host import restart_rules
+from hal0_reconciler.host.restarts import rules as restart_rules
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Verdict
 from hal0_reconciler.slots import document, image, policy, runtime
 

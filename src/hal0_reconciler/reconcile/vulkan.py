@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hal0_reconciler._log import get_logger
-from hal0_reconciler.host import restart_rules
 from hal0_reconciler.host.envfile import read_env_file
+from hal0_reconciler.host.restarts import rules as restart_rules
 
 if TYPE_CHECKING:
     from pathlib import Path

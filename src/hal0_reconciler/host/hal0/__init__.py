@@ -1,2 +1,3 @@
-"""The installed hal0 release: where it is, which release it is, and the facts each release
-judges slots by (one module per fact source; :mod:`.reader` puts them together)."""
+"""The installed hal0 release: where it is, which release, the facts it judges slots by (one
+module per fact source; reader puts them together). May import host.envfile; never restarts/.
+"""
