@@ -103,7 +103,7 @@ def _symlink(p: Path) -> None:
     ("make", "kind"),
     [
         (os.mkfifo, "a FIFO"),
-        (Path.mkdir, "a directory"),
+        (Path.mkdir, "a folder"),
         (_symlink, "a symlink"),
         (_socket, "a socket"),
         (_chardev, "a character device"),

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hal0_reconciler import errors, fsio
+from hal0_reconciler import boundedread, errors, fsio
 from hal0_reconciler.errors import LockTimeout, OverLimit, WriteRefused
 from hal0_reconciler.model import Catalog
 from hal0_reconciler.slots import limits, runtime
@@ -74,7 +74,8 @@ def read_slot(path: Path, *, max_bytes: int | None = None) -> SlotFile:
     """
     before = os.lstat(path)  # never open a device node, FIFO or socket that sits in the folder
     if not stat.S_ISREG(before.st_mode):
-        raise WriteRefused(f"{path}: {_kind_of_mode(before.st_mode)}, not a regular file")
+        what = boundedread.kind_of_mode(before.st_mode)
+        raise WriteRefused(f"{path}: {what}, not a regular file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
@@ -86,7 +87,8 @@ def read_slot(path: Path, *, max_bytes: int | None = None) -> SlotFile:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise WriteRefused(f"{path}: {_kind_of_mode(st.st_mode)}, not a regular file")
+            what = boundedread.kind_of_mode(st.st_mode)
+            raise WriteRefused(f"{path}: {what}, not a regular file")
         cap = None if max_bytes is None else max_bytes + 1
         if cap is not None:
             limits.check_size(st.st_size, limits.Limits(max_bytes=cap - 1))
@@ -126,7 +128,7 @@ def begin_replace(path: Path, data: bytes, *, like: os.stat_result) -> fsio.Pend
     except FileNotFoundError:
         raise WriteRefused(f"{path}: vanished before it could be replaced") from None
     if not stat.S_ISREG(now.st_mode):
-        raise WriteRefused(f"{path}: {_kind_of_mode(now.st_mode)}, not a regular file")
+        raise WriteRefused(f"{path}: {boundedread.kind_of_mode(now.st_mode)}, not a regular file")
     return fsio.begin_write(
         path, data, mode=stat.S_IMODE(like.st_mode), uid=like.st_uid, gid=like.st_gid
     )
@@ -205,7 +207,7 @@ def read_catalog(profiles_file: Path, *, bounds: limits.Limits | None = None) ->
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):  # a FIFO would block every pass
-                raise WriteRefused(f"{_kind_of_mode(mode)}, not a regular file")
+                raise WriteRefused(f"{boundedread.kind_of_mode(mode)}, not a regular file")
             with os.fdopen(os.dup(fd), "rb") as fh:
                 raw = fh.read(bounds.max_bytes + 1)  # one byte past the limit, never more
             if len(raw) > bounds.max_bytes:  # how much more was never read: not said
@@ -226,18 +228,6 @@ def read_catalog(profiles_file: Path, *, bounds: limits.Limits | None = None) ->
 
 def _kind(path: Path) -> str:
     try:
-        return _kind_of_mode(os.lstat(path).st_mode)
+        return boundedread.kind_of_mode(os.lstat(path).st_mode)
     except OSError:
         return "unreadable"
-
-
-def _kind_of_mode(mode: int) -> str:
-    kinds = (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
