@@ -88,6 +88,7 @@ class FlowReport:
 
 
 def unit_name(token: str) -> str:
+    """The systemd unit hal0 runs a slot in (``units`` and the daemon name it from here)."""
     return f"hal0-slot@{token}.service"
 
 

@@ -28,6 +28,7 @@ from hal0_reconciler.host.restarts.flow import (
     RestartFlow,
     RestartRequest,
     RestartResult,
+    unit_name,
 )
 from hal0_reconciler.settings import Settings
 
@@ -36,10 +37,6 @@ __all__ = ["Later", "RestartRequest", "RestartResult", "Restarter", "apply_chang
 log = _log.get_logger("hal0_reconciler.host.restarts.units")
 
 _ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
-
-
-def unit_name(token: str) -> str:
-    return f"hal0-slot@{token}.service"
 
 
 def is_active(settings: Settings, token: str) -> bool | None:
