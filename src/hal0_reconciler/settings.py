@@ -157,7 +157,8 @@ class Settings:
     )
     update_jobs_dir: Path = field(default_factory=lambda: hal0_var_lib() / "update-jobs")
     update_job_max_age: float = 7200.0  # an older queued/running job is a crashed update
-    hands_off: tuple[str, ...] = ()  # slot names or ids the reconciler never relabels or restarts
+    # slot names or ids the reconciler never relabels or restarts (blanks stripped, empties dropped)
+    hands_off: frozenset[str] = frozenset()
     quadlet_dir: Path = field(default_factory=lambda: hal0_root() / "etc/containers/systemd")
     apply_others_labels: bool = False  # restart for a label another writer set (an operator)
     restart_concurrency: int = 1  # restarts at once per host (each load can evict idle slots)
@@ -493,6 +494,11 @@ def _coerce(hint: Any, value: Any, *, name: str) -> Any:
         if not isinstance(value, list | tuple):
             raise SettingsError(f"setting {name!r} must be a list")
         return tuple(_coerce(args[0], v, name=f"{name}[{i}]") for i, v in enumerate(value))
+    if origin is frozenset:  # a set of names: each stripped once here, empty ones dropped
+        if not isinstance(value, list | tuple | set | frozenset):
+            raise SettingsError(f"setting {name!r} must be a list")
+        items = (_coerce(args[0], v, name=f"{name}[{i}]") for i, v in enumerate(value))
+        return frozenset(s for s in (str(v).strip() for v in items) if s)
     if origin is dict:
         if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()

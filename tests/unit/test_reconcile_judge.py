@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.model import (
     Action,
     Catalog,
@@ -31,7 +32,7 @@ HAL0 = Hal0Facts(
     aliases={},
 )
 USABLE = HostFacts(amd=True, lane=LaneState.USABLE)
-JUDGE = Judge(USABLE, hal0=HAL0, catalog=Catalog(), vulkan_paused=False, hands_off=())
+JUDGE = Judge(USABLE, hal0=HAL0, catalog=Catalog(), vulkan_paused=False, hands_off=frozenset())
 
 
 def test_a_vulkan_slot_on_an_image_hal0_does_not_hold_capable_is_moved_to_rocm() -> None:
@@ -92,9 +93,10 @@ KEEP = Verdict(Action.KEEP, Reason.NOT_VULKAN, LLAMA, "gpu-rocm")
 def test_a_deliberate_choice_holds_a_slot_back(
     hands_off: tuple[str, ...], paused: bool, verdict: Verdict, expected: str | None
 ) -> None:
-    """The operator's hands_off, or hal0's Vulkan opt-in while a gpu-vulkan relabel is due,
-    keep the slot as it is, and say which of the two."""
-    judge = dataclasses.replace(JUDGE, hands_off=hands_off, vulkan_paused=paused)
+    """The operator's hands_off (as the settings read it), or hal0's Vulkan opt-in while a
+    gpu-vulkan relabel is due, keep the slot as it is, and say which of the two."""
+    listed = settings_mod.load(None, {"hands_off": list(hands_off)}).hands_off
+    judge = dataclasses.replace(JUDGE, hands_off=listed, vulkan_paused=paused)
     held = judge.held_back(slot_doc(name="s", slot_id="s-id"), verdict)
     assert expected == (None if held is None else held.split(":")[0])
 
@@ -116,7 +118,7 @@ def test_the_vulkan_opt_in_holds_back_only_a_slot_leaving_gpu_vulkan() -> None:
         pytest.param({"hal0": dataclasses.replace(HAL0, version="1.0")}, id="hal0's facts"),
         pytest.param({"catalog": Catalog()}, id="a catalog read again"),
         pytest.param({"vulkan_paused": True}, id="vulkan opt-in"),
-        pytest.param({"hands_off": ("s",)}, id="hands_off"),
+        pytest.param({"hands_off": frozenset({"s"})}, id="hands_off"),
     ],
 )
 def test_every_input_of_a_verdict_changes_the_memory_key(change: dict[str, object]) -> None:

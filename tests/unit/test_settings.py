@@ -102,3 +102,19 @@ def test_absent_default_file_means_defaults(
     """Without /etc/hal0/reconciler.toml the defaults apply."""
     monkeypatch.setenv("HAL0_HOME", str(tmp_path))
     assert settings.Settings() == settings.load(None)
+
+
+def test_hands_off_is_read_once_into_a_set_of_stripped_names(tmp_path: Path) -> None:
+    """Each name is stripped when the settings are read, empty ones dropped: every check after
+    that is a set lookup (the judge, the label check)."""
+    conf = tmp_path / "reconciler.toml"
+    conf.write_text('hands_off = [" agent ", "", "coder-id", "agent"]\n')
+    assert frozenset({"agent", "coder-id"}) == settings.load(conf).hands_off
+    assert frozenset() == settings.load(None, {}).hands_off
+
+
+def test_hands_off_must_be_a_list(tmp_path: Path) -> None:
+    conf = tmp_path / "reconciler.toml"
+    conf.write_text('hands_off = "agent"\n')
+    with pytest.raises(SettingsError, match="'hands_off' must be a list"):
+        settings.load(conf)

@@ -54,9 +54,7 @@ def candidates(
         label = v.new if o.status is reconcile.OutcomeStatus.RELABELED and v.new else v.old
         if label not in running_lane.LANES:
             continue
-        off = bool(settings.hands_off) and restart_rules.is_hands_off(
-            settings.hands_off, name=o.name, slot_id=o.token
-        )
+        off = restart_rules.is_hands_off(settings.hands_off, name=o.name, slot_id=o.token)
         found.append(label_check.Candidate(o.name, o.token, label, o.path, hands_off=off))
     return found
 

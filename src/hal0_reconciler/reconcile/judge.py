@@ -21,7 +21,7 @@ class Judge:
     hal0: Hal0Facts
     catalog: Catalog
     vulkan_paused: bool  # HAL0_ALLOW_VULKAN_FALLBACK set in hal0's api.env
-    hands_off: tuple[str, ...]  # the operator's: slot names or ids never relabelled
+    hands_off: frozenset[str]  # settings.hands_off: slot names or ids never relabelled
 
     def memory_key(self) -> tuple[object, ...]:
         """What a remembered verdict is valid for (when it changes, every slot is judged

@@ -105,7 +105,8 @@ def vulkan_fallback_allowed(environment: Mapping[str, str]) -> bool:
     return environment.get(VULKAN_FALLBACK_VARIABLE, "").strip() in {"1", "true", "yes"}
 
 
-def is_hands_off(hands_off: tuple[str, ...], *, name: str | None, slot_id: str | None) -> bool:
-    """The operator's ``hands_off`` names the slot (by display name or by id)."""
-    wanted = {h.strip() for h in hands_off}
-    return (name is not None and name in wanted) or (slot_id is not None and slot_id in wanted)
+def is_hands_off(hands_off: frozenset[str], *, name: str | None, slot_id: str | None) -> bool:
+    """The operator's ``hands_off`` (normalised by the settings) names the slot, by display
+    name or by id."""
+    by_name = name is not None and name in hands_off
+    return by_name or (slot_id is not None and slot_id in hands_off)
