@@ -526,3 +526,17 @@ def test_a_lasting_write_failure_leaves_the_problems_once_the_write_works(
     with bench.passes.lock:
         assert "writes" not in bench.passes.progress.problems
     assert "gpu-rocm" == device_of(slot)
+
+
+def test_hands_off_slots_are_counted_by_the_outcomes_hold(tmp_path: Path) -> None:
+    """hands_off_slots counts by why each slot is held: the operator's hands_off and a fight
+    given up are told apart by the outcome's hold, not by its message's wording."""
+    bench = Bench(tmp_path, fight_limit=1, hands_off=["agent"])
+    agent = bench.slot("agent")
+    coder = bench.slot("coder")
+    bench.full()
+    assert "hands-off" == (bench.status(agent) or {}).get("status")
+    fight_until_hands_off(bench, coder, "coder")
+    bench.full()
+    assert {"fight": 1, "operator": 1} == bench.passes.progress.metrics.hands_off
+    assert "gpu-vulkan" == device_of(agent), "a hands_off slot was relabelled"

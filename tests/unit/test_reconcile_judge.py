@@ -98,7 +98,8 @@ def test_a_deliberate_choice_holds_a_slot_back(
     listed = settings_mod.load(None, {"hands_off": list(hands_off)}).hands_off
     judge = dataclasses.replace(JUDGE, hands_off=listed, vulkan_paused=paused)
     held = judge.held_back(slot_doc(name="s", slot_id="s-id"), verdict)
-    assert expected == (None if held is None else held.split(":")[0])
+    assert expected == (None if held is None else held[0].value)
+    assert held is None or held[1].startswith(f"{held[0].value}: ")
 
 
 def test_the_vulkan_opt_in_holds_back_only_a_slot_leaving_gpu_vulkan() -> None:

@@ -51,6 +51,11 @@ class Bookkeeping:
         # full pass with the very same outcomes (every file unchanged) changes nothing shown
         self._shown_full: tuple[reconcile.Outcome, ...] | None = None
 
+    def _operators(self, slots: dict[SlotKey, dict[str, Any]]) -> int:
+        """Shown slots whose last outcome the operator's ``hands_off`` holds back."""
+        held = (self.entries.get(key) for key in slots)
+        return sum(e is not None and e[0].hold is reconcile.Hold.OPERATOR for e in held)
+
     def absorb(
         self,
         report: reconcile.PassReport,
@@ -94,8 +99,8 @@ class Bookkeeping:
                 "fight": len(self.fights.hands_off),
                 "operator": m.hands_off.get("operator", 0),
             }
-            if not same:  # the operator's hands_off, from the entries (they say so)
-                hands_off["operator"] = _operators(p.slots)
+            if not same:  # the operator's hands_off: the shown slots' outcomes held by it
+                hands_off["operator"] = self._operators(p.slots)
             changed = changed or bool(relabeled) or m.hands_off != hands_off
             m.slots = len(p.slots)
             m.hands_off = hands_off
@@ -225,11 +230,6 @@ def _echo(shown: dict[str, Any], entry: dict[str, Any]) -> bool:
         and shown.get("name") == entry.get("name")
         and shown.get("path") == entry.get("path")
     )
-
-
-def _operators(slots: dict[SlotKey, dict[str, Any]]) -> int:
-    """Slots the operator's ``hands_off`` names (their entries say so)."""
-    return sum(str(e.get("message", "")).startswith("operator") for e in slots.values())
 
 
 def _entry(o: reconcile.Outcome) -> dict[str, Any]:

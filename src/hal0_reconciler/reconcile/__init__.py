@@ -19,13 +19,20 @@ per pass), ``outcome`` (the records).
 """
 
 from hal0_reconciler.reconcile.listing import slot_key
-from hal0_reconciler.reconcile.outcome import FIGHT_REASON, Outcome, OutcomeStatus, PassReport
+from hal0_reconciler.reconcile.outcome import (
+    FIGHT_REASON,
+    Hold,
+    Outcome,
+    OutcomeStatus,
+    PassReport,
+)
 from hal0_reconciler.reconcile.reconciler import Reconciler
 from hal0_reconciler.reconcile.writegroup import WRITE_GROUP
 
 __all__ = [
     "FIGHT_REASON",
     "WRITE_GROUP",
+    "Hold",
     "Outcome",
     "OutcomeStatus",
     "PassReport",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from hal0_reconciler.host.restarts import rules as restart_rules
 from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Verdict
+from hal0_reconciler.reconcile.outcome import Hold
 from hal0_reconciler.slots import document, image, policy, runtime
 
 
@@ -49,12 +50,15 @@ class Judge:
             legacy_backend=legacy,
         )
 
-    def held_back(self, doc: document.SlotDoc, verdict: Verdict) -> str | None:
+    def held_back(self, doc: document.SlotDoc, verdict: Verdict) -> tuple[Hold, str] | None:
         """Why a deliberate choice keeps this slot as it is: the operator's ``hands_off``, or
         hal0's Vulkan opt-in while a Vulkan-candidate relabel is due."""
         if restart_rules.is_hands_off(self.hands_off, name=doc.name, slot_id=doc.id):
-            return "operator: listed in hands_off (never relabelled nor restarted)"
+            return Hold.OPERATOR, "operator: listed in hands_off (never relabelled nor restarted)"
         relabel = verdict.action not in {Action.KEEP, Action.SKIP}
         if self.vulkan_paused and relabel and verdict.old == "gpu-vulkan":
-            return f"paused: {restart_rules.VULKAN_FALLBACK_VARIABLE} is set in hal0's api.env"
+            return (
+                Hold.PAUSED,
+                f"paused: {restart_rules.VULKAN_FALLBACK_VARIABLE} is set in hal0's api.env",
+            )
         return None

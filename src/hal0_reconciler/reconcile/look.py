@@ -85,7 +85,8 @@ class Looker:
         doc, verdict, slot_file = read
         held = judge.held_back(doc, verdict)
         if held is not None:
-            return out.of_doc(key, path, doc, OutcomeStatus.HANDS_OFF, verdict, held)
+            hold, why = held
+            return out.of_doc(key, path, doc, OutcomeStatus.HANDS_OFF, verdict, why, hold=hold)
         if verdict.action is Action.SKIP:
             return out.of_doc(key, path, doc, OutcomeStatus.SKIPPED, verdict)
         if verdict.action is Action.KEEP:

@@ -31,6 +31,14 @@ class OutcomeStatus(enum.StrEnum):
     GONE = "gone"
 
 
+class Hold(enum.StrEnum):
+    """Why a HANDS_OFF outcome keeps its slot as it is (what the metrics count it by)."""
+
+    OPERATOR = "operator"  # the operator's hands_off names the slot
+    PAUSED = "paused"  # hal0's Vulkan opt-in while a gpu-vulkan relabel is due
+    FIGHT = "fight"  # the daemon stopped fighting another writer over it
+
+
 SAME = frozenset({OutcomeStatus.UNCHANGED, OutcomeStatus.SKIPPED, OutcomeStatus.PENDING})
 """Outcomes an unchanged file gets again in the same context (kept with the file's parse)."""
 
@@ -48,6 +56,7 @@ class Outcome:
     message: str | None = None
     unit_problem: str | None = None  # why the name or id is not one hal0 could run
     errno: int | None = None  # a failed write's OSError errno (EROFS, EACCES, ...)
+    hold: Hold | None = None  # a HANDS_OFF outcome's reason
 
 
 def of_doc(  # noqa: PLR0917 - the Outcome's own fields, in its order
@@ -57,11 +66,13 @@ def of_doc(  # noqa: PLR0917 - the Outcome's own fields, in its order
     status: OutcomeStatus,
     verdict: Verdict | None,
     message: str | None = None,
+    *,
+    hold: Hold | None = None,
 ) -> Outcome:
     """An outcome for a parsed slot: its token only when hal0 could run a unit by it."""
     problem = doc.unit_problem
     token = doc.token if problem is None else None
-    return Outcome(key, path, doc.name, token, status, verdict, message, problem)
+    return Outcome(key, path, doc.name, token, status, verdict, message, problem, hold=hold)
 
 
 def write_failed(

@@ -14,6 +14,7 @@ from hal0_reconciler.reconcile.judge import Judge
 from hal0_reconciler.reconcile.outcome import (
     FIGHT_REASON,
     SAME,
+    Hold,
     Outcome,
     OutcomeStatus,
     PassReport,
@@ -189,7 +190,13 @@ class Reconciler:
             made.append(at)
             if key in hands_off:
                 outcomes[at] = Outcome(
-                    key, path, None, None, OutcomeStatus.HANDS_OFF, message=FIGHT_REASON
+                    key,
+                    path,
+                    None,
+                    None,
+                    OutcomeStatus.HANDS_OFF,
+                    message=FIGHT_REASON,
+                    hold=Hold.FIGHT,
                 )
                 continue
             try:
