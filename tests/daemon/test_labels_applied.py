@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from hal0_reconciler import reconcile
 from hal0_reconciler import settings as settings_mod
-from hal0_reconciler.daemon import status
+from hal0_reconciler.daemon import labels, status
 from helpers.daemon_host import Host, drop_slot, running, wait_until
 from helpers.hal0_api_server import Hal0Api
 from helpers.hal0_tree import (
@@ -25,7 +26,7 @@ from helpers.hal0_tree import (
     install_texts,
     schema_text,
 )
-from helpers.hosts import REPO
+from helpers.hosts import REPO, ROCM_USABLE
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -324,3 +325,24 @@ def test_the_look_runs_again_only_when_one_of_its_inputs_changed(host: Host, not
                 what="the opt-in seen",
             )
             assert labels.looks > looks
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["read-set", "read-unset"])
+def test_the_label_check_takes_the_vulkan_opt_in_the_pass_read(host: Host, paused: bool) -> None:
+    """The label check judges by hal0's api.env as the pass read it: an api.env changed after
+    the pass (the opt-in set or unset) waits for the next pass, and is not read a second time."""
+    _catalog_era(host)
+    opt_in = "HAL0_ALLOW_VULKAN_FALLBACK=yes\n"
+    _env(host, f"HAL0_TOOLBOX_IMAGE_VULKANFPX={VULKAN_IMAGE}\n{opt_in if paused else ''}")
+    _render(host, "agent", image=VULKAN_IMAGE, gpu=True)
+    drop_slot(host.slots, "agent", device="gpu-rocm")
+    host.systemctl.set_states({UNIT: "active", "hal0-api.service": "active"})
+    with Hal0Api() as api:
+        settings = _settings(host, api)
+        engine = reconcile.Reconciler(settings)
+        report = engine.reconcile(ROCM_USABLE, apply=False)
+        assert paused is report.vulkan_paused
+        _env(host, f"HAL0_TOOLBOX_IMAGE_VULKANFPX={VULKAN_IMAGE}\n{'' if paused else opt_in}")
+        shown = labels.plan_entries(settings, report, engine.hal0_facts)
+    said = "HAL0_ALLOW_VULKAN_FALLBACK" in shown["agent"]["reason"]
+    assert paused is said, shown

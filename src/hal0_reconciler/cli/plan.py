@@ -35,7 +35,7 @@ def plan(current: settings.Settings, args: argparse.Namespace) -> int:
     )
     from hal0_reconciler.daemon import labels  # what runs vs the labels (rendered units)
 
-    shown = labels.plan_entries(current, report.outcomes, read.facts) if facts.amd else {}
+    shown = labels.plan_entries(current, report, read.facts) if facts.amd else {}
     return _plan_print(args, facts, read, report, labels=shown)
 
 

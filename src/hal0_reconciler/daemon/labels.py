@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hal0_reconciler import _log, console, reconcile
-from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.host.restarts import label_check, running_lane, units
 from hal0_reconciler.host.restarts import rules as restart_rules
 from hal0_reconciler.host.restarts.running_lane import Intent, LabelState
@@ -59,14 +58,6 @@ def candidates(
     return found
 
 
-def vulkan_paused(settings: Settings) -> bool:
-    try:
-        environment = read_env_file(settings.api_env_file)
-    except (OSError, UnicodeDecodeError):
-        environment = {}
-    return restart_rules.vulkan_fallback_allowed(environment)
-
-
 def look(
     settings: Settings,
     outcomes: Iterable[reconcile.Outcome],
@@ -74,19 +65,17 @@ def look(
     memory: label_check.AppliedMemory,
     found: list[label_check.Candidate] | None = None,
     *,
-    vulkan: bool | None = None,
+    vulkan_paused: bool,
 ) -> list[label_check.Looked]:
     """Every rendered llama.cpp slot of ``outcomes``, judged (no unit state asked yet);
-    ``found``: their candidates, ``vulkan``: the Vulkan opt-in, when the caller has them."""
+    ``found``: their candidates, when the caller has them already; ``vulkan_paused``: hal0's
+    Vulkan opt-in as the pass that made the outcomes read it."""
     return label_check.look(
         candidates(outcomes, settings) if found is None else found,
         quadlet_dir=settings.quadlet_dir,
         facts=facts,
         memory=memory,
-        intent=Intent(
-            apply_others=settings.apply_others_labels,
-            vulkan_paused=vulkan_paused(settings) if vulkan is None else vulkan,
-        ),
+        intent=Intent(apply_others=settings.apply_others_labels, vulkan_paused=vulkan_paused),
         slot_max_bytes=settings.slot_max_bytes,
     )
 
@@ -165,7 +154,7 @@ class LabelWatch:
 
     def check(
         self,
-        outcomes: tuple[reconcile.Outcome, ...],
+        report: reconcile.PassReport,
         facts: Hal0Facts | None,
         *,
         full: bool,
@@ -173,11 +162,13 @@ class LabelWatch:
     ) -> bool:
         """Look at the pass's slots; True when what status shows changed. A full pass whose
         look rests on what the last one did (``Inputs``; ``restarts``: restarts finished so
-        far) is not looked at again: it would find the same."""
+        far) is not looked at again: it would find the same. hal0's Vulkan opt-in is taken as
+        the pass read it (``report.vulkan_paused``), never read again here."""
         if facts is None:
             return False
         settings = self._settings
-        vulkan = vulkan_paused(settings)
+        outcomes = report.outcomes
+        vulkan = report.vulkan_paused
         last = self._last
         self._last = None
         if full and last is not None and _same_objects(outcomes, last.outcomes):
@@ -206,7 +197,7 @@ class LabelWatch:
         vulkan: bool,
     ) -> bool:
         settings = self._settings
-        looked = look(settings, outcomes, facts, self._memory, found, vulkan=vulkan)
+        looked = look(settings, outcomes, facts, self._memory, found, vulkan_paused=vulkan)
         running = running_mismatches(settings, looked)
         for x in running:
             if x.check.state is LabelState.APPLY:
@@ -253,14 +244,14 @@ class LabelWatch:
 
 
 def plan_entries(
-    settings: Settings, outcomes: Iterable[reconcile.Outcome], facts: Hal0Facts | None
+    settings: Settings, report: reconcile.PassReport, facts: Hal0Facts | None
 ) -> dict[str, dict[str, Any]]:
     """For ``plan``: each running slot whose label is not applied (nothing is remembered or
     restarted; the daemon's memory is read, never written)."""
     if facts is None:
         return {}
     memory = label_check.AppliedMemory.read_only(settings.state_dir / label_check.MEMORY_FILE)
-    looked = look(settings, outcomes, facts, memory)
+    looked = look(settings, report.outcomes, facts, memory, vulkan_paused=report.vulkan_paused)
     return {x.candidate.name: entry(x) for x in running_mismatches(settings, looked)}
 
 

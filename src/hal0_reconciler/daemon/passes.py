@@ -305,7 +305,7 @@ class Passes:
         fresh = self._book.absorb(report, facts=facts, full=full, before=before)
         if facts.amd and (full or report.relabeled):  # what runs vs the labels
             looked = self.labels.check(
-                report.outcomes,
+                report,
                 reconciler.hal0_facts,
                 full=full,
                 restarts=sum(self._restarter.results.values()),

@@ -85,11 +85,12 @@ def write_failed(
 
 @dataclass(frozen=True)
 class PassReport:
-    """Every file's outcome of one pass, and how long it took."""
+    """Every file's outcome of one pass, how long it took, and what it read of hal0's api.env."""
 
     outcomes: tuple[Outcome, ...]
     duration: float
     held: tuple[Outcome, ...] = ()  # unreadable files read at once after a close: not reported
+    vulkan_paused: bool = False  # HAL0_ALLOW_VULKAN_FALLBACK was set when the pass read api.env
 
     # looked at several times per pass (the daemon, the CLI): each filtered once, 10k outcomes
     @functools.cached_property

@@ -144,7 +144,10 @@ class Reconciler:
                 done = [o for o in done if not _held(o, doubtful)]
         if facts.amd and apply:
             self._reports.report_new(new, facts)
-        return PassReport(tuple(done), time.monotonic() - started, held=tuple(held))
+        duration = time.monotonic() - started
+        return PassReport(
+            tuple(done), duration, held=tuple(held), vulkan_paused=judge.vulkan_paused
+        )
 
     def _judge(self, facts: HostFacts) -> Judge:
         """What every verdict of this pass depends on besides the file, read now: when it
