@@ -427,3 +427,28 @@ def test_a_journal_this_daemon_did_not_write_is_left_alone_and_said(
         mon.check(heal=True)
     said = [e["event"] for e in logs if e["event"].startswith("aiter.interrupted")]
     assert (["aiter.interrupted_left_alone"], before) == (said, quarantines.snapshot(qdir))
+
+
+def test_prune_stops_at_a_mount_inside_a_quarantine_and_keeps_it(stale_tree) -> None:
+    """A filesystem mounted inside the oldest quarantine: pruning does not cross into it (its
+    files stay), keeps that quarantine with the reason, and prunes the next one as usual."""
+    jit, names = stale_tree.jit, []
+    for day in range(1, 4):
+        quarantines.install(jit, f"module_m{day}", b"m")
+        names.append(
+            quarantines.heal_modules(jit, stale_tree.state, [f"module_m{day}"], day=day).id
+        )
+    mount_point = jit / heal.QUARANTINE_DIR / names[0] / "mnt"
+    mount_point.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)]
+    if subprocess.run(mount, capture_output=True, timeout=30, check=False).returncode:
+        pytest.skip("cannot mount a tmpfs here (no CAP_SYS_ADMIN)")
+    try:
+        (mount_point / "other-filesystem").write_bytes(b"kept")
+        pruned = heal.prune(jit, keep=1, book=_book(stale_tree))
+        assert (names[1],) == pruned.removed
+        reasons = dict(pruned.kept)
+        assert "another filesystem is mounted" in reasons[names[0]], reasons
+        assert b"kept" == (mount_point / "other-filesystem").read_bytes()
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30, check=False)

@@ -98,27 +98,9 @@ def rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
 
 
 def write_file(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``name`` atomically and durably beside ``dir_fd`` (temp file, fsync, rename, fsync
-    of the folder). Only for the quarantine code's own files in its own folders."""
-    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(
-        tmp,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        mode,
-        dir_fd=dir_fd,
-    )
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except OSError:
-        os.close(fd)
-        os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)
+    """Write one of the quarantine's own files durably in its own folder (``treefs``'s atomic
+    write: temp file, fsync, rename, folder fsync)."""
+    treefs.write_atomic_in(dir_fd, name, data, mode)
 
 
 def read_file(dir_fd: int, name: str, *, max_bytes: int) -> bytes | None:
@@ -142,19 +124,20 @@ def entries(dir_fd: int) -> list[str]:
 
 
 def rmtree(dir_fd: int, name: str, *, label: str) -> None:
-    """Remove folder ``name`` beside ``dir_fd`` and all it holds, by folder fds: a link inside is
-    removed as a link (never followed), a folder swapped for a link midway stops the removal."""
-    fd = open_dir(dir_fd, name, label=label)
+    """Remove folder ``name`` beside ``dir_fd`` and all it holds (``treefs.rmtree_in``: by
+    folder fds, links removed, never followed). A link or a non-folder where a folder was, and a
+    mount inside (another filesystem), stop the removal: FolderRefused, what is left stays."""
     try:
-        for entry in entries(fd):
-            st = lstat_at(fd, entry)
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                rmtree(fd, entry, label=f"{label}/{entry}")
-            else:
-                unlink_if_present(fd, entry)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+        treefs.rmtree_in(dir_fd, name)
+    except OSError as exc:
+        where = label if exc.filename in {None, name} else f"{label}/.../{exc.filename}"
+        if exc.errno == errno.EXDEV:
+            raise FolderRefused(
+                f"{where}: another filesystem is mounted there: not removed"
+            ) from None
+        if exc.errno in {errno.ELOOP, errno.ENOTDIR}:
+            raise FolderRefused(f"{where} is not a real folder (a link?): not removed") from None
+        raise
 
 
 def fsync_dirs(fds: list[int]) -> None:

@@ -27,7 +27,11 @@ def prune_at(tree: qops.Tree, *, keep: int) -> qops.Pruned:
             kept.append((qid, why))
             continue
         tree.forget_place(qid)
-        qfs.rmtree(root, qid, label=tree.label(qid))
+        try:
+            qfs.rmtree(root, qid, label=tree.label(qid))
+        except qfs.FolderRefused as exc:  # a mount or a link inside: what is left stays
+            kept.append((qid, str(exc)))
+            continue
         tree.book.forget(tree.key, qid)
         removed.append(qid)
     if removed:

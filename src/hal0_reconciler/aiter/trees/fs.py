@@ -309,49 +309,61 @@ def fsync_dir_at(root_fd: int, rel: str) -> None:
 
 
 def write_atomic_at(root_fd: int, rel: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``rel`` with ``data``: a fresh temp file beside it (``O_EXCL | O_NOFOLLOW``),
-    fsynced, renamed over it, the folder fsynced. A symlink at ``rel`` is replaced, not followed."""
+    """Replace ``rel`` beneath the root with ``data`` (see ``write_atomic_in``)."""
     parent, name = parent_of(root_fd, rel)
     try:
-        tmp = f".{name}.tmp-{secrets.token_hex(6)}"
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            mode,
-            dir_fd=parent,
-        )
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=parent)
-            raise
-        os.close(fd)
-        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic_in(parent, name, data, mode)
     finally:
         os.close(parent)
+
+
+def write_atomic_in(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``name`` in the open folder ``dir_fd`` with ``data``: a fresh temp file beside it
+    (``.NAME.HEX.tmp``, ``O_EXCL | O_NOFOLLOW``, ``mode`` whatever the umask), fsynced, renamed
+    over it, the folder fsynced. A symlink at ``name`` is replaced, not followed."""
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        mode,
+        dir_fd=dir_fd,
+    )
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def rmtree_at(root_fd: int, rel: str) -> None:
-    """Remove the folder ``rel`` and all beneath it: links are removed, never followed, and a
-    folder on another filesystem (a mount inside) stops the removal with ``EXDEV``."""
+    """Remove the folder ``rel`` beneath the root and all in it (see ``rmtree_in``)."""
     parent, name = parent_of(root_fd, rel)
     try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a folder (never followed)", rel)
-        _rmtree_in(parent, name, os.stat(parent).st_dev)
+        rmtree_in(parent, name)
     finally:
         os.close(parent)
+
+
+def rmtree_in(dir_fd: int, name: str) -> None:
+    """Remove the folder ``name`` in the open folder ``dir_fd`` and all it holds, by folder fds:
+    links are removed, never followed; a folder swapped for a link midway stops the removal
+    (``ELOOP``), and so does a folder on another filesystem, a mount inside (``EXDEV``)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder (never followed)", name)
+    _rmtree_in(dir_fd, name, os.fstat(dir_fd).st_dev)
 
 
 def _rmtree_in(parent: int, name: str, dev: int) -> None:
