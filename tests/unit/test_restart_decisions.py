@@ -75,8 +75,10 @@ def test_the_vulkan_opt_in_as_hal0_reads_it(value: str, allowed: bool) -> None:
 
 
 def test_hands_off_names_a_slot_by_name_or_id() -> None:
-    assert restart_rules.is_hands_off((" coder ",), name="coder", slot_id=None)
-    assert restart_rules.is_hands_off(("7",), name="coder", slot_id="7")
-    assert not restart_rules.is_hands_off(("7",), name="coder", slot_id="8")
-    assert not restart_rules.is_hands_off(("coder",), name=None, slot_id=None)
-    assert not restart_rules.is_hands_off((), name="coder", slot_id="7")
+    """The settings strip each name once; the rule looks names and ids up as they are."""
+    assert restart_rules.is_hands_off(frozenset({"coder"}), name="coder", slot_id=None)
+    assert not restart_rules.is_hands_off(frozenset({" coder "}), name="coder", slot_id=None)
+    assert restart_rules.is_hands_off(frozenset({"7"}), name="coder", slot_id="7")
+    assert not restart_rules.is_hands_off(frozenset({"7"}), name="coder", slot_id="8")
+    assert not restart_rules.is_hands_off(frozenset({"coder"}), name=None, slot_id=None)
+    assert not restart_rules.is_hands_off(frozenset(), name="coder", slot_id="7")
