@@ -63,9 +63,10 @@ class Reporter:
         became_ready: bool,
     ) -> list[str]:
         """Publish the status when it changed (or the heartbeat is due); the problems found."""
+        retried = self._retry_metrics(now)  # first: a file written now is no problem shown now
         problems = self._health.problems(worker, now)
-        self._retry_metrics(now)
         changed = self._health.check_slots_dir() or became_ready or ready != self._reported_ready
+        changed |= retried
         changed |= passes_done != self._reported_passes or problems != self._reported_problems
         if changed or now >= self.next_status:
             if problems and problems != self._reported_problems:
@@ -79,15 +80,23 @@ class Reporter:
             self._publish(watcher, problems, ready=ready)
         return problems
 
-    def _retry_metrics(self, now: float) -> None:
+    def metrics_retry_at(self) -> float | None:
+        """When the main loop must wake to write the textfile again (monotonic); None while
+        the file is written where the settings say (no wake-up for it)."""
+        if not self._passes.metrics_file.due(self._settings.metrics_textfile):
+            return None
+        return self._metrics_at
+
+    def _retry_metrics(self, now: float) -> bool:
         """The textfile not written where the settings say (a folder missing, the start, a
         reload that moved it): tried again at most every ``_METRICS_RETRY`` seconds, so a
         folder made later is picked up without a pass having to change anything."""
         settings = self._settings
         if not self._passes.metrics_file.due(settings.metrics_textfile) or now < self._metrics_at:
-            return
+            return False
         self._metrics_at = now + _METRICS_RETRY
         self._passes.write_metrics(settings)
+        return True
 
     def _publish(
         self, watcher: watch_mod.Watcher | None, problems: list[str], *, ready: bool

@@ -313,8 +313,11 @@ class Runner:
         if in_hand:
             deadlines.append(now + _LOOP_TICK)  # a restart waiting: status says why
             self._idle_sleep = False
+        metrics_at = self._reporter.metrics_retry_at()  # a textfile not written yet
         deadlines += [
-            d for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at) if d is not None
+            d
+            for d in (timers.recheck_at, timers.resync_at, timers.aiter_retry_at, metrics_at)
+            if d is not None
         ]
         if interval is not None:
             deadlines.append(beat.next_ping)
