@@ -11,7 +11,6 @@ drops the connection of the call in flight.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import ipaddress
 import json
 import os
@@ -20,16 +19,18 @@ import socket
 import threading
 import time
 import urllib.parse
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hal0_reconciler import _log, boundedread, errors
 from hal0_reconciler.host import caller
 from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.host.restarts import peer
 from hal0_reconciler.settings import Settings
+
+if TYPE_CHECKING:  # annotations only: http.client (and its ssl, email) load at the first request
+    import http.client
 
 log = _log.get_logger("hal0_reconciler.host.restarts.api")
 
@@ -157,7 +158,7 @@ def accepted_uids(settings: Settings) -> frozenset[int]:
 
 
 def new_request_id() -> str:
-    return f"hal0-reconciler-{uuid.uuid4().hex[:16]}"
+    return f"hal0-reconciler-{os.urandom(8).hex()}"
 
 
 class Hal0Client:
@@ -226,6 +227,8 @@ class Hal0Client:
             return conn, True
         self.close()
         sock = self._checked_socket()
+        import http.client  # noqa: PLC0415 - at the first request, not at the daemon's start
+
         conn = http.client.HTTPConnection(
             self._host, self._port, timeout=self._settings.api_timeout
         )
@@ -319,6 +322,8 @@ class Hal0Client:
         reuse: bool,
         request_id: str | None = None,
     ) -> Answer:
+        import http.client  # noqa: PLC0415 - loaded once, by the first request
+
         where = f"{self._host}:{self._port}"
         try:
             conn, reused = self._connected(reuse=reuse)
