@@ -3,5 +3,5 @@
 No library API is promised: the command line and the systemd unit are the interface.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["__version__"]
