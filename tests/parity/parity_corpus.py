@@ -256,6 +256,7 @@ class Box:
     hal0_toml: str | None = None
     api_env: str | None = None
     restore_marker: bool = False  # an active one: ``version=`` the installed release
+    manifest_link: bool = False  # the release tree's manifest.json a link to root's own file
     profile_centric_marker: str | None = None  # its ``version=``: None absent, "" the installed
     # hal0.toml's [slots] part when another section of it is invalid for hal0 (decision 5:
     # hal0 then drops every default_images, the reconciler validates only [slots])
@@ -295,6 +296,7 @@ BOXES: tuple[Box, ...] = (
         hal0_toml=_default_images(rocmfpx=USER_IMG) + INVALID_TELEMETRY,
         slots_part=_default_images(rocmfpx=USER_IMG),
     ),
+    Box("linked-manifest", GATED, manifest_link=True),
     Box("profile-centric-marker", UNGATED, profile_centric_marker=""),
     Box("profile-centric-marker-older", UNGATED, profile_centric_marker="1.0.0"),
     Box(

@@ -47,7 +47,13 @@ def build(
         restore_marker=marker,
         extra=_profile_centric_marker(release, box),
     )
-    return hal0_install.install_tree(root, release, case, wheel_cache=wheel_cache)
+    tree = hal0_install.install_tree(root, release, case, wheel_cache=wheel_cache)
+    if box.manifest_link:  # as an update may lay it out: the file elsewhere, a link to it
+        link = tree / "usr/lib/hal0/current/manifest.json"
+        real = tree / "usr/lib/hal0/manifest-stable.json"
+        link.rename(real)
+        link.symlink_to(os.path.relpath(real, link.parent))
+    return tree
 
 
 def _profile_centric_marker(release: hal0_releases.Release, box: corpus.Box) -> dict[str, str]:
