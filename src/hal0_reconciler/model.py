@@ -190,6 +190,9 @@ class Hal0Facts:
     runner_keys: frozenset[str] = frozenset()  # 1.4+: RUNNER_IMAGES keys
     pins_problem: str | None = None  # 1.4+: the manifest is missing or invalid (nothing moves)
     converts: bool = False  # 1.4+: judged as the runner-system conversion leaves each file
+    # 1.4+: the profile-centric conversion's own restore marker holds, so hal0 does not set
+    # ``device`` from a legacy ``backend`` before its relabel
+    backend_stood_down: bool = False
     device_marker: bool = False  # 1.5+: Exec= carries --device Vulkan0|ROCm0|none
     restart_budget: float | None = None  # the release's own restart budget (seconds)
 

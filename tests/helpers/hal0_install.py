@@ -26,6 +26,7 @@ from helpers import hal0_releases
 
 SITE = f"usr/lib/hal0/venv/lib/python{hal0_releases.PYTHON_MINOR}/site-packages"
 RESTORE_MARKER = "runner-migration.restored"
+PROFILE_CENTRIC_MARKER = "profile-centric.restored"
 _UNPACKING = threading.Lock()
 
 

@@ -54,6 +54,65 @@ RUNTIMES: tuple[tuple[str, str], ...] = (
 )
 
 
+# Spellings the generated shapes do not reach, each written as a file by hand (hal0's own
+# tomli_w output among them): comments and odd whitespace, quoted keys and literal strings,
+# image_pin empty / blank / not a string, binary unknown or in another case, a slot's own
+# name, digest-only refs and non-llama runtimes in other spellings.
+ODD_SLOTS: dict[str, str] = {
+    "tomli-w-nested": f'name = "chat"\n\n[slot]\ndevice = "gpu-vulkan"\nimage_pin = "{PIN_TAG}"\n',
+    "tomli-w-flat-retired": f'device = "gpu-vulkan"\nimage_pin = "{C0826}"\nbinary = "rocmfpx"\n',
+    "comments-ws": f'  device\t=   "gpu-vulkan"   # the lane\n# image_pin = "{PIN_TAG}"\n'
+    f'image_pin="{USER_IMG}"#mine\n',
+    "quoted-keys": f"\"device\" = \"gpu-vulkan\"\n'image_pin' = '{PIN_TAG}'\n",
+    "quoted-keys-slot": '["slot"]\n"device" = \'gpu-vulkan\'\n"binary" = "standard"\n',
+    "dotted-slot": f'slot.device = "gpu-vulkan"\nslot.image_pin = "{C0826}"\n',
+    "pin-empty": 'device = "gpu-vulkan"\nimage_pin = ""\n',
+    "pin-blank": 'device = "gpu-vulkan"\nimage_pin = "   "\n',
+    "pin-empty-nested": '[slot]\ndevice = "gpu-vulkan"\nimage_pin = ""\n',
+    "pin-int": 'device = "gpu-vulkan"\nimage_pin = 5\n',
+    "pin-list": f'device = "gpu-vulkan"\nimage_pin = ["{PIN_TAG}"]\n',
+    "pin-bool-nested": '[slot]\ndevice = "gpu-vulkan"\nimage_pin = false\n',
+    "pin-padded-tab": f'device = "gpu-vulkan"\nimage_pin = "\\t{PIN_FULL}\\n"\n',
+    "pin-upper": f'device = "gpu-vulkan"\nimage_pin = "{PIN_TAG.upper()}"\n',
+    "pin-digest-only-strix": f'device = "gpu-vulkan"\nimage_pin = "{G}/hal0-strix-vulkan@{STRIX_DIGEST}"\n',
+    "pin-strix-full": f'device = "gpu-vulkan"\nimage_pin = "{STRIX}@{STRIX_DIGEST}"\n',
+    "pin-c0826-digest": f'device = "gpu-vulkan"\nimage_pin = "{C0826}@{STRIX_DIGEST}"\n',
+    "bin-Standard": 'device = "gpu-vulkan"\nbinary = "Standard"\n',
+    "bin-ROCMFPX": 'device = "gpu-vulkan"\nbinary = "ROCMFPX"\n',
+    "bin-unknown": 'device = "gpu-vulkan"\nbinary = "llamafile"\n',
+    "bin-empty": 'device = "gpu-vulkan"\nbinary = ""\n',
+    "bin-int": 'device = "gpu-vulkan"\nbinary = 1\n',
+    "bin-padded": 'device = "gpu-vulkan"\nbinary = " vulkanfpx "\n',
+    "bin-kokoro": 'device = "gpu-vulkan"\nbinary = "kokoro"\n',
+    "bin-cpu-nested": '[slot]\ndevice = "gpu-vulkan"\nbinary = "cpu"\n',
+    "device-upper": 'device = "GPU-VULKAN"\n',
+    "device-padded": 'device = " gpu-vulkan "\n',
+    "device-int": "device = 1\n",
+    "id-and-name": f'id = "llm-1"\nname = "llm-1"\ndevice = "gpu-vulkan"\nimage_pin = "{C0826}"\n',
+    "type-TTS": 'device = "gpu-vulkan"\ntype = "TTS"\n',
+    "type-llm": 'device = "gpu-vulkan"\ntype = "llm"\n',
+    "type-empty": 'device = "gpu-vulkan"\ntype = ""\n',
+    "type-stt-nested": '[slot]\ndevice = "gpu-vulkan"\ntype = "stt"\n',
+    "type-embedding": 'device = "gpu-vulkan"\ntype = "embedding"\n',
+    "provider-ComfyUI": 'device = "gpu-vulkan"\nprovider = "ComfyUI"\n',
+    "provider-llama": 'device = "gpu-vulkan"\nprovider = "llama.cpp"\n',
+    "provider-comfyui-pin": f'[slot]\ndevice = "gpu-vulkan"\nprovider = "comfyui"\nimage_pin = "{PIN_TAG}"\n',
+    "runtime-kokoro": 'device = "gpu-vulkan"\nruntime = "kokoro"\n',
+    "backend-Vulkan": 'backend = "Vulkan"\n',
+    "backend-vulkan-slot-device": '[slot]\nbackend = "vulkan"\ndevice = "gpu-vulkan"\n',
+    "backend-top-device-slot": 'backend = "rocm"\n\n[slot]\ndevice = "gpu-vulkan"\n',
+    "slot-not-table": 'device = "gpu-vulkan"\nslot = "x"\n',
+    "slot-not-table-stale": f'device = "gpu-vulkan"\nimage_pin = "{C0824}"\nslot = "x"\n',
+    "slot-list-user": f'device = "gpu-vulkan"\nimage_pin = "{USER_IMG}"\nslot = []\n',
+    "slot-not-table-profile": f'device = "gpu-vulkan"\nprofile = "default"\nimage_pin = "{USER_IMG}"\nslot = 1\n',
+    "slot-in-slot": f'[slot]\ndevice = "gpu-vulkan"\nimage_pin = "{USER_IMG}"\nslot = "x"\n',
+    "slot-empty": 'device = "gpu-vulkan"\n\n[slot]\n',
+    "crlf": f'device = "gpu-vulkan"\r\nimage_pin = "{PIN_TAG}"\r\n',
+    "bom": '\ufeffdevice = "gpu-vulkan"\n',
+    "not-toml": "device = gpu-vulkan\n",
+}
+
+
 def _value(value: str) -> str:
     return json.dumps(value)  # a TOML basic string is JSON's string syntax for these values
 
@@ -112,6 +171,7 @@ def slot_files() -> dict[str, str]:
             keys = {"device": device, "image_pin": C0826}
             cases.append((f"{shape}-control-{device}", _slot_text(shape, keys, model=True)))
         cases.append((f"{shape}-control-nodevice", _slot_text(shape, {}, model=True)))
+    cases += [(f"odd-{label}", text) for label, text in ODD_SLOTS.items()]
     return {f"s{n:03d}-{label}.toml": text for n, (label, text) in enumerate(cases)}
 
 
@@ -159,6 +219,30 @@ def _default_images(**images: str) -> str:
     return f"[slots]\ndefault_images = {{ {table} }}\n"
 
 
+def _extra_runner_manifest(*, cpu_gated_vulkan: bool = False, extra: bool = False) -> str:
+    doc = json.loads(GATED)
+    if cpu_gated_vulkan:  # a gated pin for a runner whose supported_backends lack vulkan
+        doc["runners"]["cpu"] |= {"tag": "c1", "digest": STRIX_DIGEST, "lanes_gated": ["vulkan"]}
+    if extra:  # a runner key no release knows
+        doc["runners"]["llamafile"] = {
+            "image": "ghcr.io/hal0ai/hal0-llamafile", "tag": "t1", "digest": None,
+            "lanes_gated": ["vulkan"],
+        }  # fmt: skip
+    return json.dumps(doc, indent=2) + "\n"
+
+
+# api.env as operators and hal0 write it: systemd's EnvironmentFile= rules decide what hal0-api
+# sees (``export`` lines are not assignments, the last line of a name wins, an unquoted value
+# keeps its interior text).
+ENV_SPELLINGS = (
+    f"# hal0-api\n; comment\nHAL0_RUNNER_IMAGE_STANDARD={USER_IMG}\n"
+    f'HAL0_RUNNER_IMAGE_STANDARD="{PIN_FULL}"\n'
+)  # the last line of a name wins: the gated pin
+ENV_EXPORT = f"export HAL0_RUNNER_IMAGE_STANDARD={USER_IMG}\n"  # not an assignment: no override
+ENV_SINGLE_QUOTED = f"HAL0_RUNNER_IMAGE_STANDARD = '{USER_IMG}'\n"  # an override
+ENV_COMMENT_AFTER = f"HAL0_RUNNER_IMAGE_STANDARD={PIN_TAG} # the pin\n"  # the value keeps "# ..."
+ENV_LAST_WINS = f"HAL0_RUNNER_IMAGE_STANDARD={PIN_TAG}\nHAL0_RUNNER_IMAGE_STANDARD={USER_IMG}\n"
+
 INVALID_TELEMETRY = '\n[telemetry]\nenabled = "maybe"\n'  # valid TOML, not a bool for hal0
 
 
@@ -172,6 +256,8 @@ class Box:
     hal0_toml: str | None = None
     api_env: str | None = None
     restore_marker: bool = False  # an active one: ``version=`` the installed release
+    manifest_link: bool = False  # the release tree's manifest.json a link to root's own file
+    profile_centric_marker: str | None = None  # its ``version=``: None absent, "" the installed
     # hal0.toml's [slots] part when another section of it is invalid for hal0 (decision 5:
     # hal0 then drops every default_images, the reconciler validates only [slots])
     slots_part: str | None = None
@@ -210,4 +296,27 @@ BOXES: tuple[Box, ...] = (
         hal0_toml=_default_images(rocmfpx=USER_IMG) + INVALID_TELEMETRY,
         slots_part=_default_images(rocmfpx=USER_IMG),
     ),
+    Box("linked-manifest", GATED, manifest_link=True),
+    Box("profile-centric-marker", UNGATED, profile_centric_marker=""),
+    Box("profile-centric-marker-older", UNGATED, profile_centric_marker="1.0.0"),
+    Box(
+        "both-markers",
+        GATED,
+        hal0_toml=_default_images(rocmfpx=USER_IMG),
+        restore_marker=True,
+        profile_centric_marker="",
+    ),
+    Box("env-spellings", GATED, api_env=ENV_SPELLINGS),
+    Box("env-export", GATED, api_env=ENV_EXPORT),
+    Box("env-single-quoted", GATED, api_env=ENV_SINGLE_QUOTED),
+    Box("env-comment-after", GATED, api_env=ENV_COMMENT_AFTER),
+    Box("env-last-wins", GATED, api_env=ENV_LAST_WINS),
+    Box(
+        "other-runner-defaults",
+        GATED,
+        hal0_toml=_default_images(cpu=PIN_TAG, kokoro=USER_IMG, comfyui=C0826),
+    ),
+    Box("cpu-gated-vulkan", _extra_runner_manifest(cpu_gated_vulkan=True)),
+    Box("extra-runner", _extra_runner_manifest(extra=True)),
+    Box("ungated-default-pin", UNGATED, hal0_toml=_default_images(standard=PIN_DIGEST)),
 )

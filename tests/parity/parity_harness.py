@@ -45,8 +45,23 @@ def build(
         release_manifest=box.release_manifest,
         etc_manifest=box.etc_manifest,
         restore_marker=marker,
+        extra=_profile_centric_marker(release, box),
     )
-    return hal0_install.install_tree(root, release, case, wheel_cache=wheel_cache)
+    tree = hal0_install.install_tree(root, release, case, wheel_cache=wheel_cache)
+    if box.manifest_link:  # as an update may lay it out: the file elsewhere, a link to it
+        link = tree / "usr/lib/hal0/current/manifest.json"
+        real = tree / "usr/lib/hal0/manifest-stable.json"
+        link.rename(real)
+        link.symlink_to(os.path.relpath(real, link.parent))
+    return tree
+
+
+def _profile_centric_marker(release: hal0_releases.Release, box: corpus.Box) -> dict[str, str]:
+    if box.profile_centric_marker is None:
+        return {}
+    version = box.profile_centric_marker or release.version
+    path = f"var/lib/hal0/{hal0_install.PROFILE_CENTRIC_MARKER}"
+    return {path: f"# written by a restore\nversion = {version}\n"}
 
 
 @dataclass(frozen=True)

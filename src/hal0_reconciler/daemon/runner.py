@@ -66,6 +66,7 @@ def default_reconciler(
         ledger=DemotionLedger.in_state_dir(settings.state_dir),
         cancelled=cancelled,
         seen_file=settings.state_dir / SEEN_FILE,
+        announce=True,
     )
 
 

@@ -7,6 +7,7 @@ never a FIFO or a device, never through a final symlink, at most ``MAX_BYTES``).
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -54,3 +55,91 @@ def read_env_file(path: Path) -> dict[str, str]:
             parts = [value.strip()]
         values[key.strip()] = parts[0] if parts else ""
     return values
+
+
+def read_unit_environment(path: Path) -> dict[str, str]:
+    """``read_env_file``'s file as systemd's ``EnvironmentFile=`` hands it to hal0-api (what
+    hal0-api's environment really holds): see :func:`unit_environment`."""
+    try:
+        data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
+        text = "" if data is None else data.decode("utf-8")
+    except ReadRefused as exc:
+        raise EnvFileRefused(path, exc.reason) from None
+    except UnicodeDecodeError as exc:
+        raise EnvFileRefused(path, f"not UTF-8 text (byte {exc.start} is not valid)") from None
+    return unit_environment(text)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BLANK = " \t\r"
+
+
+def unit_environment(text: str) -> dict[str, str]:
+    """systemd's ``EnvironmentFile=`` rules (systemd.exec(5)): lines starting with ``#`` or
+    ``;`` are comments; a name that is not a valid variable name (``export NAME=``) is no
+    assignment; an unquoted value keeps its interior text (``#`` included) and loses its
+    leading and trailing blanks and keeps a quote after its first character, ``\\`` keeps the
+    next character and joins a line ending in it; ``'...'`` is verbatim, ``"..."`` knows the
+    shell's ``\\"`` ``\\\\`` ``\\$`` ``\\``` escapes; the last line of a name wins."""
+    values: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in _BLANK + "\n":
+            i += 1
+        if i >= n:
+            break
+        if text[i] in "#;":  # a comment: to its end of line, a trailing backslash joins
+            while i < n and text[i] != "\n":
+                i += 2 if text[i] == "\\" else 1
+            continue
+        end = text.find("\n", i)
+        equals = text.find("=", i)
+        if equals < 0 or (0 <= end < equals):  # no assignment on this line
+            i = n if end < 0 else end + 1
+            continue
+        key = text[i:equals].rstrip(_BLANK)
+        value, i = _value(text, equals + 1)
+        if _NAME.fullmatch(key):
+            values[key] = value
+    return values
+
+
+def _value(text: str, i: int) -> tuple[str, int]:
+    """One value from ``i`` (after ``=``) to its end of line: the value and where reading
+    goes on."""
+    out: list[str] = []
+    n = len(text)
+    kept = 0  # len(out) up to the last character that is not a trailing blank
+    bare = False  # an unquoted character was read: a quote after it is kept as it is
+    while i < n and text[i] in _BLANK:
+        i += 1
+    while i < n and text[i] != "\n":
+        c = text[i]
+        if c in "'\"" and not bare:
+            close = i + 1
+            while close < n and text[close] != c:
+                if c == '"' and text[close] == "\\" and close + 1 < n:
+                    nxt = text[close + 1]
+                    if nxt != "\n":
+                        out.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+                    close += 2
+                    continue
+                out.append(text[close])
+                close += 1
+            i = close + 1
+            kept = len(out)
+            while i < n and text[i] in _BLANK:
+                i += 1
+            continue
+        bare = True
+        if c == "\\":
+            if i + 1 < n and text[i + 1] != "\n":
+                out.append(text[i + 1])
+                kept = len(out)
+            i += 2
+            continue
+        out.append(c)
+        if c not in _BLANK:
+            kept = len(out)
+        i += 1
+    return "".join(out[:kept]), i + 1

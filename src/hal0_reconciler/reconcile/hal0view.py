@@ -1,5 +1,6 @@
 """What the installed hal0 believes, as the pass uses it: read at every pass (cheap when
-unchanged), a change said once, and each source that could not be read said once."""
+unchanged), the release and era said once at start, a change said once, and each source that
+could not be read said once."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ _log = get_logger("hal0_reconciler.reconcile")
 class Hal0View:
     """hal0's facts as read for the last pass, and the fallbacks read with them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, announce: bool = False) -> None:
         self.facts: Hal0Facts | None = None
         self.problems: tuple[hal0.FactProblem, ...] = ()
         self._reported: frozenset[hal0.FactProblem] = frozenset()
+        self._placed_said = not announce  # the release and era are said once, at the first pass
         self.use(settings)
 
     def use(self, settings: Settings) -> None:
@@ -35,7 +37,17 @@ class Hal0View:
         self.facts, self.problems = new, read.problems
         if quiet:
             return new
-        if old is not None and (old.default_image, old.capable, old.rule, old.release) != (
+        if not self._placed_said:  # once: which release is installed, by which era it is judged
+            self._placed_said = True
+            _log.info(
+                "hal0.placed",
+                summary=hal0.summary(new),
+                version=new.version,
+                release=new.release,
+                rule=new.rule.value,
+                rule_evidence=new.rule_evidence,
+            )
+        elif old is not None and (old.default_image, old.capable, old.rule, old.release) != (
             new.default_image,
             new.capable,
             new.rule,

@@ -48,8 +48,11 @@ class Reconciler:
         ledger: DemotionLedger | None = None,
         cancelled: Callable[[], bool] | None = None,
         seen_file: Path | None = None,
+        announce: bool = False,
     ) -> None:
-        """``seen_file``: where the memory of unchanged files is kept across restarts."""
+        """``seen_file``: where the memory of unchanged files is kept across restarts;
+        ``announce``: the first pass that may speak names hal0's release and era (the
+        daemon's journal; ``once`` and ``plan`` show them in their own output)."""
         self._ledger = ledger if ledger is not None else DemotionLedger(None)
         self._cancelled = cancelled  # ends a wait for the slot lock early (the daemon stops)
         self._reports = reports.ReportMemory(stopping=cancelled)
@@ -60,7 +63,7 @@ class Reconciler:
             else seen.SeenSlots.load(seen_file, scope=_seen_scope(settings))
         )
         self._listing = listing.FolderListing()
-        self._hal0 = hal0view.Hal0View(settings)
+        self._hal0 = hal0view.Hal0View(settings, announce=announce)
         self._catalog = catalog.CatalogFile(settings.profiles_file)
         self._vulkan = vulkan.VulkanOptIn()
         self.update_settings(settings)

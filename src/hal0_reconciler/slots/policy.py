@@ -85,9 +85,9 @@ def is_candidate(slot: SlotDoc, *, legacy_backend: bool) -> bool:
 
 def backend_counts(facts: Hal0Facts) -> bool:
     """Whether a legacy ``backend`` labels a candidate under this hal0: 1.4+ (its
-    profile-centric conversion sets ``device`` from it before the relabel; the runner-system
-    restore marker does not stand that conversion down)."""
-    return facts.rule is not Hal0Rule.ALLOWLIST
+    profile-centric conversion sets ``device`` from it before the relabel), unless that
+    conversion's own restore marker holds (the runner-system marker does not stand it down)."""
+    return facts.rule is not Hal0Rule.ALLOWLIST and not facts.backend_stood_down
 
 
 def hold_of(facts: Hal0Facts) -> Reason | None:

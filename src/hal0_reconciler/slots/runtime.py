@@ -112,6 +112,8 @@ def profile_family(profile: ProfileInfo) -> str:
 
 def runtime_of(slot: SlotDoc, catalog: Catalog) -> Runtime:
     """hal0's seven-row runtime table; the first matching row wins."""
+    if _profile_lookup_fails(slot):
+        return Runtime.UNRESOLVED
     family: str | None = None
     if slot.profile:
         if catalog.error is not None:
@@ -131,6 +133,16 @@ def runtime_of(slot: SlotDoc, catalog: Catalog) -> Runtime:
     if family is not None and family != "llama-server":
         return Runtime.UNRESOLVED
     return Runtime.LLAMA_SERVER
+
+
+def _profile_lookup_fails(slot: SlotDoc) -> bool:
+    """hal0 (every release with the relabel) looks a profile up as ``profile`` else
+    ``slot.profile`` of the table holding the device; a ``slot`` key there that is not a table
+    makes that lookup raise, and hal0's relabel skips the slot ("runtime unresolved")."""
+    holder: Any = slot.data
+    if slot.table and isinstance(holder.get("slot"), dict):
+        holder = holder["slot"]
+    return "slot" in holder and not isinstance(holder["slot"], dict) and not holder.get("profile")
 
 
 def _text(value: Any) -> str | None:

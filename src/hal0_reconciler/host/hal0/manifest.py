@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from hal0_reconciler.host.hal0 import api_start, pins
+from hal0_reconciler.host.hal0 import api_start, manifestlink, pins
 from hal0_reconciler.host.hal0.sources import (
     MAX_CONFIG_BYTES,
     FactProblem,
@@ -47,7 +47,11 @@ def pin_table(
     candidates = paths.manifests(pins_era=True)
     for path in candidates:
         try:
-            text = read_text(path, missing_ok=True, cap=MAX_CONFIG_BYTES)
+            real = manifestlink.real_manifest(path)
+            text = read_text(real, missing_ok=True, cap=MAX_CONFIG_BYTES)
+        except manifestlink.LinkRefused as exc:
+            why = f"{path}: {exc}: refused (root follows a link only on root's ground)"
+            break
         except SourceError as exc:
             why = f"{path}: {exc}"
             break
@@ -81,7 +85,13 @@ def toolbox_refs(
     else the tag); a missing or bad manifest gives none (hal0 then uses the bundled image)."""
     for path in candidates:
         try:
-            text = read_text(path, missing_ok=True, cap=MAX_CONFIG_BYTES)
+            text = read_text(
+                manifestlink.real_manifest(path), missing_ok=True, cap=MAX_CONFIG_BYTES
+            )
+        except manifestlink.LinkRefused as exc:
+            why = f"{exc}: refused (root follows a link only on root's ground), not used"
+            problems.append(FactProblem("manifest", str(path), why))
+            continue
         except SourceError as exc:
             problems.append(FactProblem("manifest", str(path), f"{exc}: not used"))
             continue

@@ -55,7 +55,7 @@ def validated_images(
 
 def environment(path: Path, problems: list[FactProblem]) -> dict[str, str]:
     try:
-        values = envfile.read_env_file(path)
+        values = envfile.read_unit_environment(path)
     except OSError as exc:
         why = f"cannot be read ({_why(exc)}): no image overrides used"
         problems.append(FactProblem("environment", str(path), why))

@@ -205,6 +205,8 @@ def _pins_facts(
     vulkan = sorted(k for k, backends in table.items() if "vulkan" in backends)
     marker = restore.active(paths.restore_marker, base.version, problems)
     converts = not marker
+    profile_marker = paths.restore_marker.with_name(restore.PROFILE_CENTRIC_MARKER)
+    backend_stood_down = restore.active(profile_marker, base.version, problems)
     pin_table, problem = manifest.pin_table(paths, problems, sources, settings.hal0_venv)
     capable = pins.capable(pin_table, vulkan) if pin_table is not None else frozenset()
     refs = {k: ref for k, p in (pin_table or {}).items() if (ref := p.ref) is not None}
@@ -235,6 +237,7 @@ def _pins_facts(
         runner_keys=keys,
         pins_problem=problem,
         converts=converts,
+        backend_stood_down=backend_stood_down,
     )
 
 

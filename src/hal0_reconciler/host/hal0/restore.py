@@ -1,5 +1,8 @@
-"""hal0 1.4+'s downgrade restore marker (``/var/lib/hal0/runner-migration.restored``): while its
-``version=`` line names the installed release, hal0's runner-system conversion stands down."""
+"""hal0 1.4+'s downgrade restore markers: while the ``version=`` line of
+``/var/lib/hal0/runner-migration.restored`` names the installed release, hal0's runner-system
+conversion stands down; ``profile-centric.restored`` beside it (same rule, 1.4.0
+config/migrations/profile_centric_apply.py) stands the profile-centric conversion down, the one
+that sets ``device`` from a legacy ``backend``."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from hal0_reconciler.host.hal0.sources import FactProblem, SourceError, read_tex
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+PROFILE_CENTRIC_MARKER = "profile-centric.restored"
 
 
 def active(path: Path, version: str | None, problems: list[FactProblem]) -> bool:
