@@ -57,6 +57,8 @@ def as_toml(value: object) -> object:
         return str(value)
     if isinstance(value, tuple):
         return [as_toml(v) for v in value]
+    if isinstance(value, frozenset):  # a list in the file, read into a set (hands_off)
+        return sorted(as_toml(v) for v in value)
     return value
 
 
