@@ -23,6 +23,7 @@ SCHEMA = """
 from pydantic import BaseModel, Field, field_validator, model_validator
 _PORT_MIN = 8081
 _PORT_END = 8099
+_TEXT = "8"
 class SlotsConfig(BaseModel):
     model_config = {"populate_by_name": True, "extra": "forbid"}
     max_slots: int = Field(default=0, ge=0, description="x")
@@ -153,6 +154,8 @@ def test_lax_coercion_refuses(kind: slotsconfig.Kind, raw: object) -> None:
         ({"network_mode": "bridge"}, "[slots].network_mode 'bridge' is not '' or 'host'"),
         ({"network_mode": " host "}, None),
         ({"network_mode": ""}, None),
+        ({"max_slots": {}}, "[slots].max_slots is a table, not a whole number"),
+        ({"max_slots": [1]}, "[slots].max_slots is an array, not a whole number"),
     ],
 )
 def test_refusal_decision_table(table: dict[str, object], refused: str | None) -> None:
@@ -180,6 +183,30 @@ def test_extra_keys_are_ignored_without_forbid() -> None:
     assert slotsconfig.refusal({"nosuch": 1}, rules) is not None
 
 
+def test_model_config_spellings() -> None:
+    for config, forbids in (
+        ('ConfigDict(extra="ignore")', False),
+        ("ConfigDict(frozen=True)", False),
+        ("BASE_CONFIG", False),
+        ('{"extra": "allow"}', False),
+        ('{"extra": "forbid"}', True),
+    ):
+        text = SCHEMA.replace('{"populate_by_name": True, "extra": "forbid"}', config)
+        assert (slotsconfig.refusal({"nosuch": 1}, _rules(text)) is not None) == forbids, config
+
+
+def test_only_field_validator_decorators_name_fields() -> None:
+    text = SCHEMA.replace('@field_validator("network_mode")', '@other_decorator("network_mode")')
+    assert slotsconfig.refusal({"network_mode": "bridge"}, _rules(text)) is None
+
+
+def test_the_port_range_check_is_the_release_s() -> None:
+    reversed_range = {"port_range_start": 9000, "port_range_end": 8999}
+    without = SCHEMA.replace("def port_range_sane", "def other_check")
+    assert slotsconfig.refusal(reversed_range, _rules(without)) is None
+    assert slotsconfig.refusal(reversed_range, _rules(SCHEMA)) is not None
+
+
 def test_the_release_s_own_fields_and_bounds_are_used() -> None:
     rules = _rules(
         SCHEMA.replace(
@@ -198,6 +225,7 @@ def test_the_release_s_own_fields_and_bounds_are_used() -> None:
     ("old", "new", "key"),
     [
         ("ge=0, description", "ge=_NOSUCH, description", "max_slots"),  # a bound, no literal
+        ("ge=0, description", "ge=_TEXT, description", "max_slots"),  # a bound, not an int
         ("max_slots: int", "max_slots: float", "max_slots"),  # a type not judged here
         (
             "max_slots: int = Field(default=0,",
@@ -216,7 +244,7 @@ def test_an_unread_rule_is_not_guessed(old: str, new: str, key: str) -> None:
     assert old in SCHEMA
     rules = _rules(SCHEMA.replace(old, new))
     with pytest.raises(slotsconfig.Unjudged, match=key):
-        slotsconfig.refusal({key: 1 if key == "max_slots" else "host"}, rules)
+        slotsconfig.refusal({key: -1 if key == "max_slots" else "bridge"}, rules)
     assert slotsconfig.refusal({"nosuch": 1, key: 0}, rules) is not None  # refused anyway
     assert slotsconfig.refusal({"spare": 1}, rules) is None  # the others are judged
 

@@ -50,9 +50,9 @@ class Kind(StrEnum):
 class Field:
     name: str
     kind: Kind
+    readable: bool  # False: a type, bound or validator this module cannot read
     bounds: tuple[tuple[str, int], ...] = ()
     validator: str | None = None  # a known validator's name
-    readable: bool = True  # False: a bound or validator this module cannot read
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def _rules(cls: ast.ClassDef, constants: Mapping[str, int]) -> Rules:
     for target, name in validators.items():
         if target in fields:
             known = name is not None and fields[target].readable
-            fields[target] = Field(target, fields[target].kind, fields[target].bounds, name, known)
+            fields[target] = Field(target, fields[target].kind, known, fields[target].bounds, name)
     return Rules(fields, forbid, port_range, defaults)
 
 
@@ -133,7 +133,7 @@ def _field(
 ) -> Field:
     kind = {"int": Kind.INT, "bool": Kind.BOOL, "str": Kind.STR}.get(ast.unparse(annotation))
     if kind is None:
-        return Field(name, Kind.OTHER, readable=name == IMAGES_FIELD)
+        return Field(name, Kind.OTHER, readable=False)
     bounds: list[tuple[str, int]] = []
     readable = True
     if isinstance(value, ast.Call):
@@ -146,7 +146,7 @@ def _field(
                     bounds.append((keyword.arg, bound))
             elif keyword.arg in {"strict", "pattern", "min_length", "max_length", "multiple_of"}:
                 readable = False
-    return Field(name, kind, tuple(bounds), None, readable)
+    return Field(name, kind, readable, tuple(bounds))
 
 
 def _default(value: ast.expr | None, consts: Mapping[str, int]) -> int | None:
@@ -193,7 +193,7 @@ def refusal(table: Mapping[str, object], rules: Rules) -> str | None:
             continue
         if key == IMAGES_FIELD:
             continue
-        if not field.readable or field.kind is Kind.OTHER:
+        if not field.readable:
             unjudged.append(key)
             continue
         value, why = coerce(field.kind, raw)
