@@ -243,6 +243,22 @@ ENV_SINGLE_QUOTED = f"HAL0_RUNNER_IMAGE_STANDARD = '{USER_IMG}'\n"  # an overrid
 ENV_COMMENT_AFTER = f"HAL0_RUNNER_IMAGE_STANDARD={PIN_TAG} # the pin\n"  # the value keeps "# ..."
 ENV_LAST_WINS = f"HAL0_RUNNER_IMAGE_STANDARD={PIN_TAG}\nHAL0_RUNNER_IMAGE_STANDARD={USER_IMG}\n"
 
+# [slots] lines hal0's SlotsConfig refuses, and ones its lax coercion accepts
+INVALID_SLOTS = {
+    "unknown-key": "max_slot = 4\n",
+    "negative-max": "max_slots = -1\n",
+    "string-port": 'port_range_start = "eighty"\n',
+    "port-80": "port_range_start = 80\n",
+    "range-reversed": "port_range_start = 9000\nport_range_end = 8999\n",
+    "bool-text": 'preload_evict_enabled = "maybe"\n',
+    "publish-host": 'publish_host = "::1"\n',
+    "network-mode": 'network_mode = "bridge"\n',
+}
+VALID_SLOTS = (
+    'max_slots = "4"\nport_range_start = 9000.0\nport_range_end = " 9_100 "\n'
+    'preload_evict_enabled = "off"\npublish_host = " 0.0.0.0 "\nnetwork_mode = "host"\n'
+)
+
 INVALID_TELEMETRY = '\n[telemetry]\nenabled = "maybe"\n'  # valid TOML, not a bool for hal0
 
 
@@ -319,4 +335,11 @@ BOXES: tuple[Box, ...] = (
     Box("cpu-gated-vulkan", _extra_runner_manifest(cpu_gated_vulkan=True)),
     Box("extra-runner", _extra_runner_manifest(extra=True)),
     Box("ungated-default-pin", UNGATED, hal0_toml=_default_images(standard=PIN_DIGEST)),
+    # [slots] keys beside default_images that the release's SlotsConfig refuses: hal0 then drops
+    # the whole table, default_images with it (decision 5)
+    *(
+        Box(f"invalid-slots-{name}", GATED, hal0_toml=_default_images(rocmfpx=USER_IMG) + line)
+        for name, line in INVALID_SLOTS.items()
+    ),
+    Box("valid-slots-lax", GATED, hal0_toml=_default_images(rocmfpx=USER_IMG) + VALID_SLOTS),
 )

@@ -71,7 +71,7 @@ def facts(
     said = len(problems)
     raw_images = operator_files.raw_default_images(paths.config, problems)
     images = operator_files.validated_images(
-        paths.config, raw_images, set(bundled), aliases, problems
+        paths.config, raw_images, set(bundled), aliases, problems, schema=paths.schema
     )
     stops = (
         f"; hal0 {rel.version}'s own boot pass stops at this file (its config migration fails "

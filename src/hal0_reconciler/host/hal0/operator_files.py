@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hal0_reconciler.host import envfile
-from hal0_reconciler.host.hal0 import defaults, pins
+from hal0_reconciler.host.hal0 import defaults, pins, pysource, slotsconfig
 from hal0_reconciler.host.hal0.sources import (
     MAX_CONFIG_BYTES,
+    MAX_SOURCE_BYTES,
     FactProblem,
     SourceError,
     read_text,
@@ -43,14 +44,41 @@ def validated_images(
     runner_keys: set[str] | frozenset[str],
     aliases: Mapping[str, str],
     problems: list[FactProblem],
+    *,
+    schema: Path | None = None,
 ) -> dict[str, str]:
+    """``raw`` as hal0 validates it; with ``schema`` (the installed ``schema.py``), the rest of
+    ``[slots]`` is judged by its ``SlotsConfig`` too: a refused table gives no images."""
     if raw is None:
         return {}
     images, refused = defaults.validate(raw, runner_keys, aliases)
+    if refused is None and images and schema is not None:
+        refused = _slots_refusal(path, schema, problems)
+        images = {} if refused is not None else images
     if refused is not None:
         why = f"{refused}: hal0 refuses this hal0.toml, so no default_images are used"
         problems.append(FactProblem("hal0.toml", str(path), why))
     return images
+
+
+def _slots_refusal(path: Path, schema: Path, problems: list[FactProblem]) -> str | None:
+    """Why the installed ``SlotsConfig`` refuses ``[slots]`` (None: accepted, or not judged:
+    then said, and its ``default_images`` are used as written)."""
+    keep = "its default_images are used as written"
+    try:
+        data = tomllib.loads(read_text(path, missing_ok=True, cap=MAX_CONFIG_BYTES))
+        table = data.get("slots", {})
+        rules = slotsconfig.read(pysource.tree(read_text(schema, cap=MAX_SOURCE_BYTES)))
+        if rules is None:
+            why = f"[slots] not judged ({schema} defines no SlotsConfig): {keep}"
+            problems.append(FactProblem("hal0.toml", str(path), why))
+            return None
+        return slotsconfig.refusal(table, rules) if isinstance(table, dict) else None
+    except (SourceError, tomllib.TOMLDecodeError, RecursionError, ValueError):
+        return None  # the first read of the file said why
+    except (pysource.Hal0CodeError, slotsconfig.Unjudged) as exc:
+        problems.append(FactProblem("hal0.toml", str(path), f"{exc}: {keep}"))
+        return None
 
 
 def environment(path: Path, problems: list[FactProblem]) -> dict[str, str]:

@@ -197,6 +197,11 @@ def imported_names(text: str, module: str) -> tuple[str, ...]:
 
 
 # -- shapes ----------------------------------------------------------------------------------------
+def tree(text: str) -> ast.Module:
+    """The module's tree, kept like every other question's (refused as they are)."""
+    return _parse(text)
+
+
 def forget() -> None:
     """Drop the trees kept while one set of hal0's files is read (call when done)."""
     _parse.cache_clear()

@@ -213,7 +213,9 @@ def _pins_facts(
     raw_images = operator_files.raw_default_images(paths.config, problems)
     if converts:
         raw_images = conversion.default_images_after(raw_images, keys)
-    images = operator_files.validated_images(paths.config, raw_images, keys, {}, problems)
+    images = operator_files.validated_images(
+        paths.config, raw_images, keys, {}, problems, schema=paths.schema
+    )
     environment = operator_files.environment(paths.environment, problems)
     if converts:
         environment = conversion.environment_after(environment, keys)
