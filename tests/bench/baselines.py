@@ -9,6 +9,7 @@ installed package has it) and removed at exit. Asserts nothing.
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import subprocess
 import sys
@@ -47,3 +48,22 @@ def checkout(commit: str) -> Source:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], check=True)
     name = KNOWN.get(commit[:7])
     return Source(f"{name} ({commit[:7]})" if name else commit[:7], src)
+
+
+def settable(source: Source, argv: list[str]) -> list[str]:
+    """``argv`` without the ``--set KEY=VALUE`` pairs ``source``'s settings do not know (a
+    baseline refuses a setting added since, exit 78, where it would simply not use it)."""
+    text = (source.src / "hal0_reconciler/settings.py").read_text(encoding="utf-8")
+    kept: list[str] = []
+    skip = False
+    for n, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--set" and n + 1 < len(argv):
+            key = argv[n + 1].split("=", 1)[0]
+            if not re.search(rf"^\s+{re.escape(key)}\s*:", text, re.MULTILINE):
+                skip = True
+                continue
+        kept.append(arg)
+    return kept

@@ -38,7 +38,7 @@ def daemon(
     with contextlib.ExitStack() as stack:
         err = stack.enter_context(log.open("ab")) if log is not None else subprocess.DEVNULL
         child = subprocess.Popen(
-            w.argv("run", "--log-format", "json", **settings),
+            baselines.settable(source, w.argv("run", "--log-format", "json", **settings)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,
