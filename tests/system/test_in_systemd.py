@@ -555,15 +555,18 @@ def test_a_users_tree_is_read_by_a_child_running_as_that_user_and_still_healed(
     box.write("/etc/hal0/reconciler.toml", text)
     restart_service(box)
     try:
-        child = wait_until(
-            "the owner's child",
-            lambda: [
+
+        def children() -> list[str]:
+            found = [
                 line
                 for line in box.run("ps -eo user:20=,args=", check=False).stdout.splitlines()
                 if "hal0_reconciler.aiter.trees.child" in line
-            ],
-            30,
-        )
+            ]
+            # the child starts as root and drops to the owner before it opens anything in the
+            # tree: wait for it to have dropped (a child still importing shows as root)
+            return found if found and not any(line.startswith("root ") for line in found) else []
+
+        child = wait_until("the owner's child, as the owner", children, 30)
         assert ["aiterjit"] == sorted({line.split()[0] for line in child})  # type: ignore[union-attr]
         wait_until(
             "the stale module quarantined",
