@@ -55,6 +55,15 @@ PINS_SCHEMA_TEXT = '''"""Test stand-in for a 1.4+ configuration schema (no image
 from __future__ import annotations
 
 _LANE_DEVICE = {"gpu-rocm": "ROCm0", "gpu-vulkan": "Vulkan0", "cpu": "none"}
+
+from pydantic import BaseModel, Field
+
+
+class SlotsConfig(BaseModel):
+    """[slots] of hal0.toml (only what the tests' files hold)."""
+
+    max_slots: int = Field(default=4, ge=0)
+    default_images: dict[str, str] = Field(default_factory=dict)
 '''
 
 PINS_MODULE_TEXT = '''"""Test stand-in for 1.4+'s runner pins module (its presence marks the era)."""
@@ -134,8 +143,18 @@ from __future__ import annotations
 
 import logging
 
+from pydantic import BaseModel, Field
+
 log = logging.getLogger(__name__)
 _SLOT_PORT_MIN = 8081
+
+
+class SlotsConfig(BaseModel):
+    """[slots] of hal0.toml (only what the tests' files hold)."""
+
+    max_slots: int = Field(default=4, ge=0)
+    default_images: dict[str, str] = Field(default_factory=dict)
+
 
 #: the runner every fresh install pulls
 DEFAULT_ROCMFPX_IMAGE = "{era.default}"
