@@ -35,13 +35,7 @@ def read_env_file(path: Path) -> dict[str, str]:
     """A shell-style ``KEY=VALUE`` file (comments, ``export``, quotes); missing file → empty.
 
     Raises ``EnvFileRefused`` (an ``OSError``) for a file that is there but not read."""
-    try:
-        data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
-        text = "" if data is None else data.decode("utf-8")
-    except ReadRefused as exc:
-        raise EnvFileRefused(path, exc.reason) from None
-    except UnicodeDecodeError as exc:
-        raise EnvFileRefused(path, f"not UTF-8 text (byte {exc.start} is not valid)") from None
+    text = _text(path)
     values: dict[str, str] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -60,14 +54,18 @@ def read_env_file(path: Path) -> dict[str, str]:
 def read_unit_environment(path: Path) -> dict[str, str]:
     """``read_env_file``'s file as systemd's ``EnvironmentFile=`` hands it to hal0-api (what
     hal0-api's environment really holds): see :func:`unit_environment`."""
+    return unit_environment(_text(path))
+
+
+def _text(path: Path) -> str:
+    """The file's text through the bounded reader; missing → empty; refused → EnvFileRefused."""
     try:
         data = read_bounded(path, max_bytes=MAX_BYTES, missing_ok=True)
-        text = "" if data is None else data.decode("utf-8")
+        return "" if data is None else data.decode("utf-8")
     except ReadRefused as exc:
         raise EnvFileRefused(path, exc.reason) from None
     except UnicodeDecodeError as exc:
         raise EnvFileRefused(path, f"not UTF-8 text (byte {exc.start} is not valid)") from None
-    return unit_environment(text)
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
