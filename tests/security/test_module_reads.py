@@ -213,7 +213,11 @@ def test_a_module_truncated_while_it_is_read_never_kills_root(
     for v in verdicts:
         if v["status"] == "unreadable":
             assert v["action"] == "none"
-    _no_quarantine(box)
+    # No "no quarantine" here: the owner truncates at every open of its module, so one check
+    # can find it already cut to a page before it looks and read that page whole, its identity
+    # steady from the look to the end of the read. Moving such a module aside, as its owner, is
+    # aiter's own heal of a module that registers nothing. What must never happen is a heal on a
+    # short or moving read (the loop above) or root dying (the exit status).
     attacks.held("aiter module truncated while read", rounds)
 
 
