@@ -7,6 +7,8 @@ the last one removes the package."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from helpers import nspawn
@@ -137,6 +139,7 @@ def test_journal_lines_read_plainly(box: nspawn.Container) -> None:
     changed as such), a refused file's TOML error keeps its one backslash, a failing lane is
     `unusable` with the time left before demotions, and no line says "unsettled"."""
     configure(box, amd_settings(demote_grace=600.0))
+    time.sleep(1.1)  # `--since` counts whole seconds: no line of an earlier test in this one's
     since = box.run("date +%s").stdout.strip()
     box.write("/etc/hal0/reconciler.toml", settings_text(**amd_settings(demote_grace=300.0)))
     box.run(f"systemctl reload {UNIT}", timeout=60)
