@@ -77,7 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     current = loaded.settings
     if delegated:  # root acting for another user: systemctl from root's own folder only
-        current = dataclasses.replace(current, systemctl=caller.fixed_systemctl())
+        systemctl = caller.fixed_systemctl()
+        if systemctl is None:
+            console.error(
+                "run for another user through sudo: refused: no systemctl root owns on a way "
+                f"only root can change ({', '.join(map(str, caller.SYSTEMCTL_PATHS))})"
+            )
+            return EXIT_ERROR
+        current = dataclasses.replace(current, systemctl=systemctl)
     resolved = _log.configure(current.log_format, current.log_level)
     muted: list[str] = []
     if args.verb == "plan" and resolved is settings.LogFormat.CONSOLE:

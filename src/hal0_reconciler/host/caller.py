@@ -8,9 +8,9 @@ trusts (``hal0_api_user``, ``hal0_api_unit``, ``service_user``), a process root 
 (``reload --pid``), or any path root reads or writes (``--config``, the folder and file flags,
 every path setting, ``HAL0_HOME``), nor start the daemon (``run``); ``systemctl`` is run from a
 fixed root-owned path; and the
-caller's uid is never trusted as hal0-api's owner. What stays: the verbs, numbers, switches
-and log choices (docs/security.md, "Running it through sudo").
-"""
+caller's uid is never trusted as hal0-api's owner. What stays: the verbs; on the verbs that only
+look, numbers, switches and log choices; on the verbs that write, presentation only
+(docs/security.md, "Running it through sudo")."""
 
 from __future__ import annotations
 
@@ -107,19 +107,58 @@ def refusals(
             why.append(f"--user ({CHOOSERS['service_user']})")
     given = {k: v for k, v in overrides.items() if k not in flags or flags[k] is None}
     why += [f"--set {name} ({what})" for name, what in chosen_for_root(given)]
+    if _writes(flags):
+        why += _changes_what_root_writes(flags, given)
     if environ.get("HAL0_HOME", "").strip():
         why.append("HAL0_HOME (it moves every path root reads or writes)")
     return why
 
 
-def fixed_systemctl(candidates: tuple[Path, ...] = SYSTEMCTL_PATHS) -> str:
+WRITING_VERBS = frozenset({"once", "aiter heal", "aiter restore"})
+"""Verbs that change files or slots: a delegated caller may run them only as root would."""
+PRESENTATION_FLAGS = frozenset(
+    {"verb", "aiter_verb", "id", "json", "no_color", "no_restart", "log_format", "log_level"}
+)
+"""Flags of a writing verb that change only what is shown (or make it do less)."""
+PRESENTATION_SETTINGS = frozenset({"log_format", "log_level"})
+
+
+def _writes(flags: Mapping[str, object]) -> bool:
+    verb = str(flags.get("verb"))
+    sub = flags.get("aiter_verb")
+    return (f"{verb} {sub}" if sub else verb) in WRITING_VERBS
+
+
+def _changes_what_root_writes(flags: Mapping[str, object], given: Mapping[str, Any]) -> list[str]:
+    """A writing verb's flags and settings beyond the presentation ones: the facts, rules,
+    limits and slots root writes by (``--assume-hal0``, ``--target``, ``hands_off``,
+    ``demote_grace``...) are the settings file's, not the caller's."""
+    why = [
+        f"--{flag.replace('_', '-')} (it changes what root writes)"
+        for flag, value in flags.items()
+        if flag not in PRESENTATION_FLAGS
+        and flag != "assignments"
+        and value not in (None, False, [], ())
+        and not isinstance(value, Path)  # refused above, as a path
+        and flag not in {"pid", "service_user"}
+    ]
+    listed = {name for name, _ in chosen_for_root(given)}
+    why += [
+        f"--set {name} (it changes what root writes)"
+        for name in given
+        if name not in PRESENTATION_SETTINGS and name not in listed
+    ]
+    return why
+
+
+def fixed_systemctl(candidates: tuple[Path, ...] = SYSTEMCTL_PATHS) -> str | None:
     """The first candidate that is a regular file root owns, on a way only root can change
-    (every folder root's and not writable by others); else the first candidate (the run then
-    fails: "not found", never another program)."""
+    (every folder root's and not writable by others); None when none is (the delegated run is
+    refused: a systemctl another user can change is never run for them)."""
     for candidate in candidates:
         if _root_only(candidate):
             return str(candidate.resolve())
-    return str(candidates[0])
+    return None
 
 
 def _root_only(path: Path) -> bool:
