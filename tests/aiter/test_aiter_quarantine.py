@@ -452,3 +452,20 @@ def test_prune_stops_at_a_mount_inside_a_quarantine_and_keeps_it(stale_tree) -> 
         assert b"kept" == (mount_point / "other-filesystem").read_bytes()
     finally:
         subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("change", ["mode", "owner"])
+def test_a_key_others_could_read_or_own_is_refused(tmp_path: Path, change: str) -> None:
+    """The signing key must be private to root: one readable by others (0644) or owned by
+    another user is refused, never used to sign or check a manifest (a tree's owner who could
+    read it could forge journals that look written by the daemon)."""
+    manifest_digest.DigestBook(tmp_path).record("/jit", "q1", "manifest", b"m", (1, 2))
+    key = tmp_path / manifest_digest.KEY_FILE
+    if change == "mode":
+        key.chmod(0o644)
+    else:
+        os.chown(key, 65534, -1)
+    fresh = manifest_digest.DigestBook(tmp_path)
+    with pytest.raises(manifest_digest.DigestUnavailable, match="not private"):
+        fresh.record("/jit", "q2", "manifest", b"m", (1, 2))
+    assert not fresh.verify("/jit", "q1", "manifest", b"m", (1, 2))

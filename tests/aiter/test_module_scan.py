@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hal0_reconciler import boundedread
 from hal0_reconciler.aiter.registry import cache as registry
 from hal0_reconciler.aiter.registry import names as namescan
 from hal0_reconciler.aiter.registry import scan as modulescan
@@ -255,3 +256,34 @@ def test_past_the_deadline_a_known_module_still_answers_from_the_cache(tmp_path:
     with pytest.raises(registry.boundedread.ReadRefused) as caught:
         reg.scan(unknown, {NAME}, io=io, deadline=past)
     assert registry.OVER_BUDGET == caught.value.reason
+
+
+def test_a_file_swapped_in_for_the_open_and_back_is_not_credited(tmp_path: Path) -> None:
+    """A writer who puts another file in place just for the open and the original back before
+    the look after the read: the names found are the other file's, so nothing is credited to
+    the module ("rewritten while read"), though its look before and after agree."""
+    jit = tmp_path / "jit"
+    jit.mkdir()
+    path = _module(jit / "module_x.so", name="other_kernel")
+    decoy = _module(tmp_path / "decoy.so", name=NAME)
+    local = treeio.local_at(jit)
+
+    class Swapping:
+        """The tree's own I/O, with the decoy in place only while the module is scanned."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(local, name)
+
+        def scan(self, *args: object, **kwargs: object) -> object:
+            path.rename(tmp_path / "held.so")
+            decoy.rename(path)
+            try:
+                return local.scan(*args, **kwargs)  # type: ignore[arg-type]
+            finally:
+                path.rename(decoy)
+                (tmp_path / "held.so").rename(path)
+
+    reg = registry.Registry(None, max_bytes=1 << 20)
+    with pytest.raises(boundedread.ReadRefused, match="rewritten while read"):
+        reg.scan(path, {NAME}, io=Swapping())  # type: ignore[arg-type]
+    assert {NAME: False} == reg.scan(path, {NAME}, io=local).registered
