@@ -346,3 +346,29 @@ def test_the_label_check_takes_the_vulkan_opt_in_the_pass_read(host: Host, pause
         shown = labels.plan_entries(settings, report, engine.hal0_facts)
     said = "HAL0_ALLOW_VULKAN_FALLBACK" in shown["agent"]["reason"]
     assert paused is said, shown
+
+
+def test_a_finished_restart_a_noted_label_and_a_reload_each_make_the_next_full_look(
+    host: Host,
+) -> None:
+    """The same pass again is not looked at; a restart finished since, a label this daemon
+    noted in its memory, and new settings each make the next full pass look again."""
+    _catalog_era(host)
+    _render(host, "agent", image=VULKAN_IMAGE, gpu=True)
+    drop_slot(host.slots, "agent", device="gpu-rocm")
+    host.systemctl.set_states({UNIT: "inactive", "hal0-api.service": "active"})
+    with Hal0Api() as api:
+        settings = _settings(host, api)
+        engine = reconcile.Reconciler(settings)
+        report = engine.reconcile(ROCM_USABLE, apply=False)
+        watch = labels.LabelWatch(settings, lambda _request: None)
+        looks = []
+        for step in ("first", "same", "restart", "noted", "reload"):
+            restarts = 1 if step in ("restart", "noted", "reload") else 0
+            if step == "noted":
+                watch.note_relabeled("agent", "gpu-rocm")
+            if step == "reload":
+                watch.update_settings(settings)
+            watch.check(report, engine.hal0_facts, full=True, restarts=restarts)
+            looks.append(watch.looks)
+    assert [1, 1, 2, 3, 4] == looks
