@@ -369,3 +369,19 @@ def test_a_unit_file_over_its_cap_is_not_read(tmp_path: Path, attacker: Attacker
     assert ["api.unit_unreadable"] == [e["event"] for e in logs]
     sized(1 << 20)  # at the cap: read, and its User= taken
     assert frozenset({0, attacker.uid}) == hal0_api.accepted_uids(settings)
+
+
+@pytest.mark.parametrize("netlink", [True, False], ids=["sock_diag", "proc"])
+def test_a_dual_stack_hal0_api_is_trusted_over_ipv4(netlink: bool) -> None:
+    """hal0-api listening on ``::`` for both families, reached at 127.0.0.1: the accepted
+    socket is in the IPv6 table under the v4-mapped address, and both ways find it root's."""
+    srv = socket.socket(socket.AF_INET6)
+    with srv:
+        srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        srv.bind(("::", 0))
+        srv.listen(8)
+        with socket.create_connection(("127.0.0.1", srv.getsockname()[1]), timeout=5) as sock:
+            accepted, _ = srv.accept()
+            with accepted:
+                verdict = peer.check(sock, frozenset({0}), netlink=netlink)
+    assert (peer.Trust.TRUSTED, 0) == (verdict.trust, verdict.uid), verdict
