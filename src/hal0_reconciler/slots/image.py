@@ -58,7 +58,7 @@ def effective_image(slot: SlotDoc, facts: Hal0Facts) -> ImageResolution:
             runner = _device_runner(slot, facts)
             image, rung = _runner_image(runner, facts, operator_defaults=False)
     if image is None:
-        error = _missing_runner(runner, facts)
+        error = f"the installed hal0 has no runner {runner!r}"
         return ImageResolution(
             None, Rung.UNRESOLVED, runner, capable=False, stale=stale, error=error
         )
@@ -70,11 +70,6 @@ STALE_DEFAULT_IMAGES_NOTE = (
     "a stale former default set in [slots].default_images: judged as the image that launches, "
     "not looked through"
 )
-
-
-def _missing_runner(runner: str | None, facts: Hal0Facts) -> str:
-    del facts
-    return f"the installed hal0 has no runner {runner!r}"
 
 
 def _runner_key(slot: SlotDoc, facts: Hal0Facts) -> str:

@@ -18,7 +18,6 @@ only when it changed or when names it was never asked about appear (the tables c
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,10 +45,6 @@ REWRITTEN = "rewritten while read; judged again at the next check"
 Identity = tuple[int, int, int, int, int]
 """(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file is re-read only when this
 changes."""
-
-
-def identity_of(st: os.stat_result) -> Identity:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)

@@ -162,17 +162,6 @@ def _backends(key: str, entry: ast.expr) -> tuple[str, ...]:
     return tuple(found)
 
 
-def separate_vulkan_runner(text: str) -> bool:
-    """Whether ``runner_for_backend`` sends the vulkan backend to a ``vulkanfpx`` runner of
-    its own (hal0 before the rocmfpx/vulkanfpx collapse)."""
-    function = _function(_parse(text), "runner_for_backend")
-    if function is None:
-        return False
-    return any(
-        isinstance(node, ast.Constant) and node.value == "vulkanfpx" for node in ast.walk(function)
-    )
-
-
 def top_level_functions(text: str, *, mentioning: str | None = None) -> frozenset[str]:
     """The names of the functions ``text`` defines at module level (with ``mentioning``: only
     those whose body holds that string constant)."""

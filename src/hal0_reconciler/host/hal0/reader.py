@@ -251,8 +251,6 @@ _ASSUMED_RUNNERS: dict[str, tuple[str, ...]] = {
 """What-if judging with no 1.4+ code installed: the llama.cpp runners every 1.4-1.7 has."""
 
 
-# -- 1.0-1.3: the schema allowlist ---------------------------------------------------------------
-# -- shared sources ---------------------------------------------------------------------------
 def describe(facts: Hal0Facts) -> dict[str, Any]:
     """The facts as plain data, for `plan --json`, `probe` and the status file."""
     return {
