@@ -163,8 +163,9 @@ def test_a_shape_twice_in_a_pinned_file_is_fix_tables(make_tree, so_builder, rul
 def test_heal_shape_keyed_is_accepted_with_a_warning_and_ignored(
     make_tree, shape_builder, so_builder, rules
 ):
-    """The 0.1 setting heal_shape_keyed = true still loads, says once that it is deprecated,
-    and changes nothing: the shape-keyed module missing a shape is still not healed."""
+    """The 0.1 setting heal_shape_keyed = true still loads and changes nothing: the shape-keyed
+    module missing a shape is still not healed (the one warning is the settings loader's, at
+    every load: tests/daemon/test_deprecated_settings.py; the aiter check adds none)."""
     tree = make_tree()
     tree.version(E4048607)
     _healthy(tree, rules, so_builder)
@@ -172,9 +173,7 @@ def test_heal_shape_keyed_is_accepted_with_a_warning_and_ignored(
     with capture_logs() as logs:
         mon = monitor.AiterMonitor(tree.settings(heal_shape_keyed=True))
         report = mon.check(heal=True)
-    assert ["heal_shape_keyed"] == [
-        e["setting"] for e in logs if e["event"] == "aiter.setting_deprecated"
-    ]
+    assert [] == [e for e in logs if "deprecated" in e["event"]]
     assert ("unverifiable", "none", ()) == (
         str(_modules(report)[A8W8].status),
         str(_modules(report)[A8W8].action),

@@ -76,8 +76,6 @@ def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = N
         console.error(f"aiter package folder {folder} does not exist or is not a folder")
     if missing:
         return EXIT_ERROR
-    if settings.aiter.heal_shape_keyed:
-        sys.stderr.write(f"{console.PROG}: warning: {monitor.DEPRECATED_HEAL_SHAPE_KEYED}\n")
     mon = monitor.AiterMonitor(settings, log_findings=False)  # the report says them all
     verb = args.aiter_verb
     if verb == "restore":

@@ -25,11 +25,7 @@ from hal0_reconciler.settings import Settings
 
 log = _log.get_logger()
 
-__all__ = ["DEPRECATED_HEAL_SHAPE_KEYED", "AiterMonitor", "HealResult", "MonitorReport"]
-DEPRECATED_HEAL_SHAPE_KEYED = (
-    "heal_shape_keyed is deprecated and ignored: a shape-keyed module is never healed (whether "
-    "it compiled a shape cannot be read from the file); remove the setting"
-)
+__all__ = ["AiterMonitor", "HealResult", "MonitorReport"]
 
 
 @dataclass(frozen=True)
@@ -101,12 +97,6 @@ class AiterMonitor:
             io_for=self._io,
         )
         self.findings = findings.Findings()
-        if settings.aiter.heal_shape_keyed and log_findings:
-            log.warning(
-                "aiter.setting_deprecated",
-                setting="heal_shape_keyed",
-                reason=DEPRECATED_HEAL_SHAPE_KEYED,
-            )
 
     def watch_paths(self) -> list[Path]:
         """Folders whose changes call for a re-plan (non-recursive; never ``build/``)."""
