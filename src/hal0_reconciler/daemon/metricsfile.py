@@ -19,7 +19,7 @@ import stat
 import threading
 from pathlib import Path
 
-from hal0_reconciler import _log, fsio
+from hal0_reconciler import _log, boundedread, fsio
 from hal0_reconciler.daemon import metrics
 
 log = _log.get_logger("hal0_reconciler.daemon")
@@ -82,9 +82,12 @@ class MetricsFile:
         """The path in the record (read once; this process keeps it up to date)."""
         if self._recorded is None:
             try:
-                text = self.record.read_text(encoding="utf-8", errors="replace")[:_READ_LIMIT]
-            except OSError:
-                text = ""
+                text = boundedread.read_bounded_text(
+                    self.record, max_bytes=_READ_LIMIT, missing_ok=True
+                )
+            except (OSError, boundedread.ReadRefused):
+                text = None  # not a regular file of root's size: no path recorded
+            text = text or ""
             line = text.partition("\n")[0].strip()
             self._recorded = (Path(line) if line.startswith("/") else None,)
         return self._recorded[0]
