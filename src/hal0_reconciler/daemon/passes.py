@@ -232,7 +232,7 @@ class Passes:
             with self.lock:
                 self.progress.full_attempts += int(batch.everything)
                 self.progress.busy_since = None
-                changed = self.progress.revision != revision or batch.aiter
+                changed = self.progress.revision != revision  # aiter's: its thread writes
             changed = changed or sum(self._restarter.results.values()) != restarts
             # once per batch, and not for a batch that changed nothing (the echo of our write)
             if changed and settings.metrics_textfile is not None:
