@@ -74,6 +74,12 @@ class LaneState(enum.StrEnum):
     UNSETTLED = "unsettled"  # unusable, but not yet for the whole demotion grace
     UNKNOWN = "unknown"  # the probe itself could not run (no such user, interpreter gone...)
 
+    @property
+    def shown(self) -> str:
+        """The name an operator reads (text, JSON, metrics): a lane within its demotion grace
+        is ``unusable``; the inner ``unsettled`` never shows."""
+        return LaneState.UNUSABLE.value if self is LaneState.UNSETTLED else self.value
+
 
 class FailureKind(enum.StrEnum):
     """Why one device node could not be opened by the service user."""
@@ -141,7 +147,7 @@ class HostFacts:
     def lane_reason(self) -> str:
         if self.probe is not None:
             return self.probe.reason
-        return LaneState.UNUSABLE.value if self.lane is LaneState.UNSETTLED else self.lane.value
+        return self.lane.shown
 
 
 class Hal0Rule(enum.StrEnum):

@@ -13,7 +13,7 @@ log = _log.get_logger("hal0_reconciler.daemon")
 def lane_name(state: LaneState) -> str:
     """The lane as an operator reads it: one of usable / unusable / unknown (with not-amd, the
     four names); a lane within its demotion grace is ``unusable`` (``demotion_in`` says more)."""
-    return LaneState.UNUSABLE.value if state is LaneState.UNSETTLED else state.value
+    return state.shown
 
 
 def log_lane_change(old: LaneState, new: LaneState, *, reason: str, left: float | None) -> None:
