@@ -26,7 +26,7 @@ from hal0_reconciler.settings import RestartFallback, Settings
 
 log = _log.get_logger("hal0_reconciler.host.restarts.units")
 
-_ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
+ACTIVE_STATES = frozenset({"active", "activating", "reloading"})  # a unit that runs or will
 _MAX_BACKOFF = 30.0
 _SERVER_ERROR = 500
 
@@ -394,7 +394,7 @@ class RestartFlow:
             )
         self.report.api_unavailable = error
         api_state = unit_states(self.settings, [self.settings.hal0_api_unit])[0]
-        down = api_state is not None and api_state not in _ACTIVE_STATES
+        down = api_state is not None and api_state not in ACTIVE_STATES
         unit = unit_name(request.token)
         if self.settings.restart_fallback is RestartFallback.STOP and down and not request.recheck:
             return self._stop(request, error, api_state or "")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from hal0_reconciler import _log, errors, lifecycle, threadname
 from hal0_reconciler.host import proc
 from hal0_reconciler.host.restarts.flow import (
+    ACTIVE_STATES,
     Later,
     RestartFlow,
     RestartRequest,
@@ -35,8 +36,6 @@ from hal0_reconciler.settings import Settings
 __all__ = ["Later", "RestartRequest", "RestartResult", "Restarter", "apply_change", "unit_name"]
 
 log = _log.get_logger("hal0_reconciler.host.restarts.units")
-
-_ACTIVE_STATES = frozenset({"active", "activating", "reloading"})
 
 
 def is_active(settings: Settings, token: str) -> bool | None:
@@ -60,7 +59,7 @@ def active_states(settings: Settings, tokens: Iterable[str]) -> dict[str, bool |
     # (as a single query's empty answer always did)
     lines = result.stdout.decode("utf-8", "replace").splitlines()
     lines += [""] * (len(units) - len(lines))
-    return {t: line.strip() in _ACTIVE_STATES for t, line in zip(wanted, lines, strict=False)}
+    return {t: line.strip() in ACTIVE_STATES for t, line in zip(wanted, lines, strict=False)}
 
 
 def _shown(units: list[str], limit: int = 5) -> str:
