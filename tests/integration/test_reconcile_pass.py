@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from hal0_reconciler.model import FailureKind, HostFacts, LaneState, NodeFailure, ProbeResult
+from hal0_reconciler.model import (
+    FailureKind,
+    HostFacts,
+    LaneState,
+    NodeFailure,
+    ProbeResult,
+    SlotKey,
+)
 from hal0_reconciler.reconcile import OutcomeStatus, Reconciler
 from hal0_reconciler.slots import edit
 from hal0_reconciler.state import DemotionLedger
@@ -415,3 +422,18 @@ def test_a_name_hal0_could_not_run_is_said_once_across_passes(
     assert 2 == len(said), said
     assert "'Odd'" in said[0]
     assert "'Odd2'" in said[1]
+
+
+def test_a_doubtful_file_that_cannot_be_read_is_held_back_not_reported(
+    seeded_slots: Path, make_settings
+) -> None:
+    """A file read the instant its writer closed it that does not parse is neither an outcome
+    of the pass (status, plan, the unreadable count) nor reported: it is handed back in
+    ``held``; the same file not doubtful is an unreadable outcome."""
+    broken = seeded_slots / "half.toml"
+    broken.write_text('name = "half"\ndevice = "gpu-vul')
+    key = SlotKey(str(broken.absolute()))
+    held = Reconciler(make_settings()).reconcile(ROCM_USABLE, [broken], doubtful={key})
+    plain = Reconciler(make_settings()).reconcile(ROCM_USABLE, [broken])
+    assert ([], [key]) == ([o.key for o in held.outcomes], [o.key for o in held.held])
+    assert [OutcomeStatus.UNREADABLE] == [o.status for o in plain.outcomes]
