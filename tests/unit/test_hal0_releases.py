@@ -10,7 +10,7 @@ import pytest
 
 from hal0_reconciler.host.hal0 import pins, release
 from hal0_reconciler.model import Hal0Facts, Hal0Rule, ImageResolution, Rung
-from hal0_reconciler.slots import conversion, document, image
+from hal0_reconciler.slots import conversion, document, image, policy
 
 S = release.Structure
 D = "sha256:" + "ab" * 32
@@ -259,6 +259,11 @@ CHAIN = {
         PINS_FACTS,
         ImageResolution(REF, Rung.MANIFEST, "standard", True),
     ),
+    "a legacy backend under a device of its own: the device's runner": (
+        {"device": "gpu-rocm", "backend": "cuda"},
+        PINS_FACTS,
+        ImageResolution(REF, Rung.MANIFEST, "standard", True),
+    ),
     "unpublished pin: unresolved": (
         {"binary": "cuda"},
         PINS_FACTS,
@@ -466,3 +471,13 @@ def test_environment_after_drops_retired_and_blank_old_lines() -> None:
 def test_a_version_with_anything_after_the_number_is_not_cut_to_a_shorter_one(text: str) -> None:
     """Never backtracked into a shorter release ("1.1.0\\x1b…" is not "1.1")."""
     assert release.base_release(text) in {None, "1.7.0.1"}
+
+
+def test_a_legacy_backend_labels_a_candidate_only_where_hal0_converts_it() -> None:
+    """1.4+ turns ``backend`` into ``device`` before its relabel, unless the profile-centric
+    conversion's own restore marker holds; 1.0-1.3's relabel reads ``device`` alone."""
+    assert (True, False, False) == (
+        policy.backend_counts(PINS_FACTS),
+        policy.backend_counts(pf(backend_stood_down=True)),
+        policy.backend_counts(pf(rule=Hal0Rule.ALLOWLIST)),
+    )
