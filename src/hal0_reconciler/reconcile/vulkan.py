@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hal0_reconciler import fsio
 from hal0_reconciler._log import get_logger
 from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.host.restarts import rules as restart_rules
@@ -20,14 +21,24 @@ class VulkanOptIn:
 
     def __init__(self) -> None:
         self.paused = False
+        self._read: tuple[object, ...] | None = None  # the file as last read (path, identity)
+        self._environment: dict[str, str] = {}
 
     def refresh(self, api_env_file: Path) -> bool:
-        """Read hal0's api.env now; True while the opt-in is set."""
+        """hal0's api.env as it is now (read again only when its identity changed); True while
+        the opt-in is set."""
         try:
-            environment = read_env_file(api_env_file)
-        except (OSError, UnicodeDecodeError):
-            environment = {}
-        paused = restart_rules.vulkan_fallback_allowed(environment)
+            st = api_env_file.stat()
+            seen: tuple[object, ...] = (api_env_file, fsio.identity_of(st), st.st_ctime_ns)
+        except OSError:
+            seen = (api_env_file, None)
+        if seen != self._read:
+            try:
+                self._environment = read_env_file(api_env_file)
+            except (OSError, UnicodeDecodeError):
+                self._environment = {}
+            self._read = seen
+        paused = restart_rules.vulkan_fallback_allowed(self._environment)
         if paused and not self.paused:
             _log.warning(
                 "slot.vulkan_relabels_paused",

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hal0_reconciler import fsio
+
 if TYPE_CHECKING:
     from hal0_reconciler.settings import Settings
 
@@ -118,6 +120,26 @@ def hal0_paths(settings: Settings, version_text: str | None = None) -> Hal0Paths
         package_search=settings.hal0_venv / "lib" / "python3.*" / "site-packages" / "hal0",
         home_set=bool(os.environ.get("HAL0_HOME", "").strip()),
     )
+
+
+def layout_identity(settings: Settings) -> tuple[object, ...]:
+    """What :func:`hal0_paths` rests on besides the settings, by ``stat`` alone: ``VERSION``,
+    the venv's ``lib`` folder and each Python folder's ``site-packages`` (a release installed,
+    a dist-info renamed or a Python folder added changes one of them)."""
+    lib = settings.hal0_venv / "lib"
+    folders = _python_dirs(lib)
+    return (
+        _stat_identity(settings.hal0_release_dir / "VERSION"),
+        _stat_identity(lib),
+        *((folder, _stat_identity(folder / "site-packages")) for folder in folders),
+    )
+
+
+def _stat_identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        return fsio.identity_of(path.stat())
+    except OSError:
+        return None
 
 
 def hal0_package(venv: Path, version_text: str | None = None) -> tuple[Path | None, str | None]:

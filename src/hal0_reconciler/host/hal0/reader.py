@@ -37,6 +37,7 @@ from hal0_reconciler.host.hal0 import (
     runners,
 )
 from hal0_reconciler.host.hal0.paths import Hal0Paths, hal0_paths
+from hal0_reconciler.host.hal0.paths import layout_identity as hal0_layout_identity
 from hal0_reconciler.host.hal0.sources import (
     MAX_SOURCE_BYTES,
     FactProblem,
@@ -67,9 +68,15 @@ class Hal0Reader:
         self._settings = settings
         self._identity: tuple[object, ...] | None = None
         self._last: Hal0Read | None = None
+        self._layout: tuple[object, ...] | None = None  # what ``_paths`` was found from
+        self._paths: Hal0Paths | None = None
 
     def read(self) -> Hal0Read:
-        paths = hal0_paths(self._settings, _peek_version(self._settings))
+        layout = hal0_layout_identity(self._settings)
+        if self._paths is None or layout != self._layout:  # VERSION and the venv's folders
+            self._paths = hal0_paths(self._settings, _peek_version(self._settings))
+            self._layout = layout
+        paths = self._paths
         identity = (paths, *(_identity(p) for p in paths.files()))
         if self._last is None or identity != self._identity:
             try:
