@@ -200,7 +200,6 @@ class Hal0Facts:
     # ``device`` from a legacy ``backend`` before its relabel
     backend_stood_down: bool = False
     device_marker: bool = False  # 1.5+: Exec= carries --device Vulkan0|ROCm0|none
-    restart_budget: float | None = None  # the release's own restart budget (seconds)
 
 
 @dataclass(frozen=True)

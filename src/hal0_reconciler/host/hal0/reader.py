@@ -126,7 +126,6 @@ def _read_facts(settings: Settings, paths: Hal0Paths | None) -> Hal0Read:
         release=rel.version,
         vulkan_runner=rel.vulkan_runner or "rocmfpx",
         device_marker=rel.device_marker,
-        restart_budget=rel.restart_budget,
     )
     if rel.rule is Hal0Rule.PINS:
         facts = _pins_facts(settings, paths, base, problems)
