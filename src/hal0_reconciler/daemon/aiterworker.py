@@ -41,17 +41,6 @@ class AiterWorker(lifecycle.StartStop):
         self._thread: threading.Thread | None = None
         self.checks = 0  # checks run since start (tests read it)
 
-    @property
-    def started(self) -> bool:
-        with self._lock:
-            return self._thread is not None
-
-    @property
-    def busy(self) -> bool:
-        """A check is running or waiting to run."""
-        with self._lock:
-            return self._running or self._pending
-
     def request(self) -> None:
         """Ask for a check (never waits). Starts the thread the first time."""
         with self._lock:
