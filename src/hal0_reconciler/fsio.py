@@ -30,6 +30,11 @@ def identity_of(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def full_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """``identity_of`` and the ctime: a rewrite in place that keeps size and mtime changes it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def write_json(path: Path, payload: object, *, mode: int = 0o644, **dumps: Any) -> None:
     """``write_atomically`` for a JSON document (``dumps``: json.dumps options), making its
     folder when needed."""

@@ -49,8 +49,7 @@ Identity = tuple[int, int, int, int, int]
 Decide = Callable[[SlotDoc], Verdict]
 
 
-def identity_of(st: os.stat_result) -> Identity:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+identity_of = fsio.full_identity
 
 
 def digest_of(data: bytes) -> bytes:

@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Callable
 
-from hal0_reconciler import boundedread
+from hal0_reconciler import boundedread, fsio
 from hal0_reconciler.aiter.trees import fs as treefs
 from hal0_reconciler.errors import ReconcilerError
 
@@ -156,6 +156,4 @@ def open_jit(path: os.PathLike[str] | str) -> int:
         raise
 
 
-def identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """(device, inode, size, mtime_ns): what tells a rebuild from the same file put back."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+identity = fsio.identity_of  # (device, inode, size, mtime_ns): a rebuild, not the file put back

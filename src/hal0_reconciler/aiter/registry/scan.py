@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from hal0_reconciler import fsio
 from hal0_reconciler.aiter.registry import names as namescan
 
 CHUNK = 4 << 20
@@ -43,10 +44,6 @@ class Scan:
     outcome: Outcome
     size: int
     found: frozenset[str] = frozenset()
-
-
-def _identity(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def has_hole(fd: int, size: int) -> bool:
@@ -99,6 +96,6 @@ def scan_fd(
         left -= hit
         tail = buf[-carry:] if carry else b""
         offset += want
-    if _identity(os.fstat(fd)) != _identity(before):
+    if fsio.full_identity(os.fstat(fd)) != fsio.full_identity(before):
         return Scan(Outcome.CHANGED, size, frozenset(found))
     return Scan(Outcome.SCANNED, size, frozenset(found))

@@ -97,7 +97,7 @@ def _stamp(path: Path) -> tuple[int, ...] | None:
         st = path.stat()
     except OSError:
         return None
-    return (*fsio.identity_of(st), st.st_ctime_ns)  # ctime: a rewrite keeping size and mtime
+    return fsio.full_identity(st)
 
 
 def _version(package_dir: Path, notes: list[str]) -> tuple[str | None, Path | None]:

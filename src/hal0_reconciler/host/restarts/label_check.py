@@ -71,7 +71,7 @@ def unit_identities(
         except OSError:
             found.append((name, None))
             continue
-        found.append((name, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+        found.append((name, fsio.full_identity(st)))
     return names, tuple(found)
 
 
