@@ -332,6 +332,14 @@ def test_the_accepted_owners_are_root_and_hal0_apis_user(
     (later / "hal0-api.service").write_text("[Service]\nUser=nobody\n")  # hidden by the first
     both = settings_mod.load(None, {"hal0_api_unit_dirs": [str(linked), str(later)]})
     assert frozenset({0, attacker.uid}) == hal0_api.accepted_uids(both)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()  # User= only counts in [Service], as systemd reads it; a comment is none
+    (elsewhere / "hal0-api.service").write_text(
+        f"[Unit]\nUser={attacker.name}\n[Service]\n# User={attacker.name}\nExecStart=/bin/true\n"
+    )
+    assert frozenset({0}) == hal0_api.accepted_uids(
+        settings_mod.load(None, {"hal0_api_unit_dirs": [str(elsewhere)]})
+    )
 
 
 def test_no_hal0_api_unit_trusts_root_alone_against_a_listening_user(

@@ -70,7 +70,12 @@ def _service_user(path: Path) -> str | None:
         data = read_bounded(path, max_bytes=_MAX_UNIT_BYTES, follow_links=True)
     except ReadRefused:
         return None
-    text = (data or b"").decode("utf-8", "replace")
+    return service_user_in((data or b"").decode("utf-8", "replace")) or None
+
+
+def service_user_in(text: str) -> str | None:
+    """The last ``User=`` of a unit file's ``[Service]`` section (systemd: the last assignment
+    wins); ``""`` for an empty ``User=``, which resets it; None when the file sets none."""
     section = ""
     user: str | None = None
     for raw in text.splitlines():
@@ -80,5 +85,5 @@ def _service_user(path: Path) -> str | None:
         if line.startswith("[") and line.endswith("]"):
             section = line[1:-1]
         elif section == "Service" and line.partition("=")[0].strip() == "User":
-            user = line.partition("=")[2].strip() or None  # an empty User= resets it
+            user = line.partition("=")[2].strip()
     return user

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hal0_reconciler import _log, boundedread, errors
-from hal0_reconciler.host import caller
+from hal0_reconciler.host import caller, identity
 from hal0_reconciler.host.envfile import read_env_file
 from hal0_reconciler.host.restarts import peer
 from hal0_reconciler.settings import Settings
@@ -112,10 +112,9 @@ def service_user(settings: Settings) -> str:
         except boundedread.ReadRefused as exc:
             log.warning("api.unit_unreadable", path=exc.path, reason=exc.reason)
             continue
-        for raw in (text or "").splitlines():
-            key, _, value = raw.strip().partition("=")
-            if key.strip() == "User":
-                user = value.strip()  # an empty User= resets it (systemd): root
+        found = identity.service_user_in(text or "")
+        if found is not None:
+            user = found  # the later file wins; an empty User= resets it (systemd): root
     return user or ROOT
 
 
