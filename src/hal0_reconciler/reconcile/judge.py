@@ -6,10 +6,11 @@ operator's ``hands_off``), then asked for each file: pure, no I/O.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hal0_reconciler.host.restarts import rules as restart_rules
-from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Verdict
+from hal0_reconciler.model import Action, Catalog, Hal0Facts, HostFacts, Reason, Verdict
 from hal0_reconciler.reconcile.outcome import Hold
 from hal0_reconciler.slots import document, image, policy, runtime
 
@@ -36,9 +37,19 @@ class Judge:
             self.hands_off,
         )
 
+    @functools.cached_property
+    def _legacy_backend(self) -> bool:
+        """Whether a legacy ``backend`` labels a candidate under this hal0 (once per pass)."""
+        return policy.backend_counts(self.hal0)
+
+    @functools.cached_property
+    def _hold(self) -> Reason | None:
+        """Why this hal0 has every slot kept, if it does (once per pass)."""
+        return policy.hold_of(self.hal0)
+
     def decide(self, doc: document.SlotDoc, *, demoted: bool) -> Verdict:
         """The policy's verdict on this slot (``demoted``: it is on ``cpu`` by our doing)."""
-        legacy = policy.backend_counts(self.hal0)
+        legacy = self._legacy_backend
         candidate = policy.is_candidate(doc, legacy_backend=legacy)
         return policy.decide(
             doc,
@@ -46,7 +57,7 @@ class Judge:
             image=image.effective_image(doc, self.hal0) if candidate else None,
             facts=self.facts,
             demoted_by_us=demoted,
-            hold=policy.hold_of(self.hal0),
+            hold=self._hold,
             legacy_backend=legacy,
         )
 
