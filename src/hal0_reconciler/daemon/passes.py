@@ -232,8 +232,11 @@ class Passes:
             with self.lock:
                 self.progress.full_attempts += int(batch.everything)
                 self.progress.busy_since = None
-                changed = self.progress.revision != revision  # aiter's: its thread writes
+                changed = self.progress.revision != revision
             changed = changed or sum(self._restarter.results.values()) != restarts
+            # every full pass rewrites the file (its mtime is what the staleness alert reads),
+            # unless the aiter thread is about to write it after its check
+            changed = changed or (batch.everything and not (batch.aiter and self._aiter.enabled))
             # once per batch, and not for a batch that changed nothing (the echo of our write)
             if changed and settings.metrics_textfile is not None:
                 self.write_metrics(settings)
