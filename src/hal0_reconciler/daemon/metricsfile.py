@@ -124,6 +124,8 @@ class MetricsFile:
         if not folder.is_dir() and not self._made(folder):
             self._found_missing.add(folder)
             self.written = None
+            if folder.exists() or folder.is_symlink():
+                return f"cannot write metrics to {path}: {folder} is not a folder"
             return (
                 f"cannot write metrics to {path}: the folder {folder} does not exist: "
                 "install prometheus-node-exporter or create it"
