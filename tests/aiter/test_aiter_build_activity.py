@@ -40,10 +40,18 @@ class Procs:
         proc = subprocess.Popen(argv, executable=exe, cwd=cwd)
         self.started.append(proc)
         deadline = time.monotonic() + 5
-        while psutil.Process(proc.pid).name() != name:  # exec done: the name is the new one
+        # exec done: the name is the new one, and so is argv (the kernel sets the name first,
+        # the argument area a moment later: an empty command line is an exec still under way)
+        while not _execed(psutil.Process(proc.pid), name, argv[0]):
             assert time.monotonic() < deadline, f"{name} did not start"
             time.sleep(0.01)
         return proc
+
+
+def _execed(proc: psutil.Process, name: str, argv0: str) -> bool:
+    with proc.oneshot():
+        cmdline = proc.cmdline()
+        return proc.name() == name and bool(cmdline) and cmdline[0] == argv0
 
 
 @pytest.fixture
