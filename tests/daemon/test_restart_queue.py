@@ -48,25 +48,27 @@ def _slow(tmp_path: Path, systemctl: FakeSystemctl, seconds: float) -> Path:
 
 
 def test_a_flood_of_deferred_restarts_runs_each_unit_once_at_its_turn(tmp_path: Path) -> None:
-    """300 slots restarted, then each relabelled twice more at once: every one waits out
+    """100 slots restarted, then each relabelled twice more at once: every one waits out
     restart_min_interval (pending says so), then is restarted exactly once more."""
-    names = [f"s{n:03d}" for n in range(300)]
+    names = [f"s{n:03d}" for n in range(100)]
     systemctl = _active(tmp_path, names)
     with (
         Hal0Api() as api,
-        units.Restarter(_settings(tmp_path, systemctl, api, 8)) as restarter,
-    ):  # 8 s: 300 careful restarts (health, state, load, restart each) fit in one interval
+        units.Restarter(_settings(tmp_path, systemctl, api, 12)) as restarter,
+    ):  # 12 s: the interval counts from when the batch was taken, and 100 careful restarts
+        # (health, state, load, restart each; some 30-50 ms apiece here) end well inside it
         for name in names:
             restarter.submit(_request(name))
-        wait_until(lambda: len(api.requests) == 300, timeout=30, what="the first restarts")
+        wait_until(lambda: len(api.requests) == 100, timeout=30, what="the first restarts")
+        took = api.requested_at[-1] - api.requested_at[0]
         started = time.monotonic()
         for _ in range(2):
             for name in names:
                 restarter.submit(_request(name))
         pending = restarter.pending()
         assert sorted(names) == sorted(pending)
-        assert all(0 < wait <= 8 for wait in pending.values()), pending
-        wait_until(lambda: len(api.requests) == 600, timeout=30, what="the second restarts")
+        assert all(0 < wait <= 12 for wait in pending.values()), (took, pending)
+        wait_until(lambda: len(api.requests) == 200, timeout=30, what="the second restarts")
         waited = time.monotonic() - started
         time.sleep(0.3)  # nothing more comes
         assert {} == restarter.pending()

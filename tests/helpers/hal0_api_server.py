@@ -110,6 +110,7 @@ class Hal0Api(lifecycle.StartStop):
         self.status = status
         self.boot_for = boot_for
         self.requests: list[tuple[str, str, str | None]] = []
+        self.requested_at: list[float] = []  # time.monotonic() of each of ``requests``
         self.calls: list[Call] = []
         self.slots: dict[str, Slot] = {}
         self.restarting: Counter[str] = Counter()  # slots whose restart is in progress now
@@ -163,6 +164,7 @@ class Hal0Api(lifecycle.StartStop):
                 if lifecycle_call:
                     with api.lock:
                         api.requests.append(("POST", self.path, auth))
+                        api.requested_at.append(time.monotonic())
                 if not api._authorized(self):
                     self._answer(401, _error("auth.required", "authentication required"))
                 elif not lifecycle_call:
