@@ -85,7 +85,10 @@ def aiter_support() -> ModuleType:
     outside ``tests/aiter``; one module object whichever suite imported it first."""
     if "aiter_support" in sys.modules:
         return sys.modules["aiter_support"]
-    path = Path(__file__).resolve().parents[1] / "aiter" / "aiter_support.py"
+    folder = Path(__file__).resolve().parents[1] / "aiter"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # aiter_support imports its neighbours (tablegen)
+    path = folder / "aiter_support.py"
     spec = importlib.util.spec_from_file_location("aiter_support", path)
     assert spec is not None
     assert spec.loader is not None

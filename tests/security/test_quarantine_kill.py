@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -156,12 +157,16 @@ def _restore_everything(
             assert [[payloads[d]] for d in held] == [where[d] for d in held]
 
 
-def _tree(tmp_path: Path, attacker: Attacker, tag: bytes) -> tuple[Path, Path, dict[bytes, str]]:
-    for up in [tmp_path, *tmp_path.parents]:  # the owner's child must reach its folder
-        if up == Path("/tmp"):
-            break
-        up.chmod(up.stat().st_mode | 0o755)
-    jit, state = tmp_path / "jit", tmp_path / "state"
+@pytest.fixture
+def place() -> Iterator[Path]:
+    """A folder the owner's child can reach: pytest's own folders are root's 0700, and another
+    pytest session resets them to 0700 whatever a test opened them to."""
+    with quarantines.reachable_dir() as path:
+        yield path
+
+
+def _tree(case: Path, attacker: Attacker, tag: bytes) -> tuple[Path, Path, dict[bytes, str]]:
+    jit, state = case / "jit", case / "state"
     payloads: dict[bytes, str] = {}
     for m in MODULES:
         quarantines.install(jit, m, m.encode() + tag)
@@ -174,14 +179,14 @@ def _tree(tmp_path: Path, attacker: Attacker, tag: bytes) -> tuple[Path, Path, d
 
 @pytest.mark.parametrize("owner", [False, True], ids=["as-root", "in-the-owners-child"])
 def test_a_kill_at_every_rename_of_a_heal_is_finished_or_undone(
-    tmp_path: Path, attacker: Attacker, attacks: Tally, owner: bool
+    place: Path, attacker: Attacker, attacks: Tally, owner: bool
 ) -> None:
     """Killed at rename k of a heal of two modules (k = 0, 1, …), run as root or in the tree
     owner's child: after the next run each module file is in exactly one place, and a
     quarantine holding them restores."""
     points = 0
     for kill_at in range(MAX_RENAMES):
-        case = tmp_path / f"heal-{kill_at}"
+        case = place / f"heal-{kill_at}"
         case.mkdir()
         jit, state, payloads = _tree(case, attacker, b"-old")
         attacks.tried("kill at a heal's rename")
@@ -200,14 +205,14 @@ def test_a_kill_at_every_rename_of_a_heal_is_finished_or_undone(
 @pytest.mark.parametrize("owner", [False, True], ids=["as-root", "in-the-owners-child"])
 @pytest.mark.parametrize("rebuilt", [True, False], ids=["over-a-rebuild", "into-an-empty-place"])
 def test_a_kill_at_every_rename_of_a_restore_is_finished_or_undone(
-    tmp_path: Path, attacker: Attacker, attacks: Tally, rebuilt: bool, owner: bool
+    place: Path, attacker: Attacker, attacks: Tally, rebuilt: bool, owner: bool
 ) -> None:
     """Killed at rename k of a restore (over rebuilt modules, which are set aside first, or into
     an empty place): after the next run the old and the rebuilt files are each in exactly one
     place, and every quarantine holding them restores."""
     points = 0
     for kill_at in range(MAX_RENAMES):
-        case = tmp_path / f"restore-{kill_at}"
+        case = place / f"restore-{kill_at}"
         case.mkdir()
         jit, state, payloads = _tree(case, attacker, b"-old")
         plans = {m: quarantines.module_plan(jit, m) for m in MODULES}
