@@ -198,3 +198,20 @@ def test_a_failed_undo_keeps_the_journal_and_the_next_run_finishes(
         inside = f"{heal.QUARANTINE_DIR}/{qdir.name}/{rel}"
         assert [before[rel]] == [v for k, v in after.items() if k in {rel, inside}]
     assert not (qdir / qj.JOURNAL).exists()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"op": "heal", "home": "q1"',  # torn
+        b'{"op": "heal", "home": "q1", "creates": null, "manifests": []}',  # no moves
+        b'{"op": "graft", "home": "q1", "creates": null, "manifests": [], "moves": []}',
+        b'{"op": "heal", "home": "q1", "creates": null, "manifests": [], "moves": [1]}',
+    ],
+    ids=["torn", "no-moves", "unknown-op", "move-not-a-table"],
+)
+def test_a_journal_that_is_not_what_encode_writes_is_refused(data: bytes) -> None:
+    """A torn or malformed journal is JournalInvalid (never another error a roll would not
+    expect), and says it is unreadable."""
+    with pytest.raises(qj.JournalInvalid, match="unreadable journal"):
+        qj.decode(data, home="q1")

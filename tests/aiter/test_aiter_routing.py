@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from aiter_support import BPS, BPS_CK, BPS_CKTILE, route_of
 
@@ -121,3 +123,64 @@ def test_the_shipped_opus_registry_and_prefixes(rules):
         "module_gemm_a8w8_blockscale_bpreshuffle",
     )
     assert rules.modules_for_name("unknown_x") == ()
+
+
+_REG = '[versions.x.registries.module_o]\nlibtype = "opus"\ncolumns = ["id"]\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('default = "x"\n[versions.x', "not valid TOML"),
+        ('default = "x"\n[versions.x]\nother = 1\n', "lists no tables"),
+        ('default = "x"\n[versions.x]\ntables = 3\n', "lists no tables"),
+        (_BASE + "[versions.x]\nregistries = 3\n", "registries must be a table"),
+        (_BASE + _REG + "bogus = 1\n", "unknown key 'bogus'"),
+        (_BASE + _REG.replace('"opus"', '""'), "libtype must name"),
+        (_BASE + _REG.replace('["id"]', '"id"'), "columns must be a list of strings"),
+        (_BASE + _REG.replace('["id"]', '["id", ""]'), "columns must be a list of strings"),
+        ('default = "x"\n[versions.x.tables]\ns = 3\n', "tables.s must be a table"),
+        (_BASE + "bogus = 1\n", "unknown key 'bogus'"),
+        (_BASE.replace('"AITER_CONFIG_S"', '"CONFIG_S"'), "variable must be an AITER_*"),
+        (_BASE.replace('"AITER_CONFIG_S"', "3"), "variable must be an AITER_*"),
+        (_BASE + 'keyed = "row"\n', "keyed must be 'name' or 'shape'"),
+        (_BASE + "columns = []\n", "columns must be a non-empty list"),
+        (_BASE + 'columns = "kernelName"\n', "columns must be a non-empty list"),
+        (_BASE + 'columns = ["kernelName", 3]\n', "columns must be a non-empty list"),
+    ],
+    ids=[
+        "torn",
+        "no-tables",
+        "tables-not-a-table",
+        "registries-not-a-table",
+        "registry-unknown-key",
+        "empty-libtype",
+        "registry-columns-a-string",
+        "an-empty-column",
+        "route-not-a-table",
+        "route-unknown-key",
+        "variable-not-aiters",
+        "variable-not-a-string",
+        "unknown-keying",
+        "no-columns",
+        "columns-a-string",
+        "a-column-not-a-string",
+    ],
+)
+def test_malformed_routing_data_is_refused_with_what_is_wrong(text, words):
+    """Routing data (shipped or the operator's) that is not exactly what the reader knows is a
+    RoutingError naming the fault, never another exception or a half-read routing."""
+    with pytest.raises(routing.RoutingError, match=re.escape(words)):
+        routing.parse_routing(text)
+
+
+def test_a_module_is_found_by_the_routes_that_name_it():
+    """``by_module``: the tables routed to a module and its id registry, nothing else."""
+    text = (
+        'default = "x"\n[versions.x.tables.s]\nvariable = "AITER_CONFIG_S"\n'
+        'modules = { ck = "module_a" }\n' + _REG
+    )
+    rules = routing.parse_routing(text)
+    assert ["s"] == [t.stem for t in rules.by_module("module_a")]
+    assert ["module_o"] == [t.stem for t in rules.by_module("module_o")]
+    assert () == rules.by_module("module_z")

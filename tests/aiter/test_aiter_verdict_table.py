@@ -178,3 +178,14 @@ def test_a_module_that_cannot_be_read_says_so_before_why():
         p.reason
     )
     assert not p.reason.startswith(verdict.NOT_CHECKED)
+
+
+@pytest.mark.parametrize("keyed", list(routing.Keyed))
+def test_a_module_not_built_yet_says_aiter_builds_it_on_first_use(keyed):
+    """Not built yet: nothing is wrong, aiter builds it at its first use; an id-keyed module's
+    reason adds that the file will not show its ids afterwards either."""
+    p = _decide(_needs(), _facts(exists=False), keyed=keyed)
+    assert p.reason.startswith(
+        "not built yet: aiter builds it from the current tables on first use"
+    )
+    assert (keyed is routing.Keyed.ID) == ("by kernel id" in p.reason)

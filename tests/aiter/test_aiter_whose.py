@@ -256,3 +256,52 @@ def test_whose_credentials_are_said_in_words() -> None:
     assert (True, False) == (as_root.as_root, as_user.as_root)
     assert "alice (uid 1000, gid 1001; the JIT folder's owner)" == as_user.describe()
     assert refused.describe().startswith("refused: JIT folder /opt/jit is root's but writable")
+
+
+def test_a_relative_link_is_walked_from_the_folder_that_holds_it(tmp_path: Path) -> None:
+    """``a/up -> ../b``: the walk goes on from ``a`` (".." takes no step of its own)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "jit").mkdir(parents=True)
+    (tmp_path / "a" / "up").symlink_to("../b")
+    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    way = treeowner.walk(tmp_path / "a" / "up" / "jit")
+    assert (True, None, PurePosixPath(tmp_path / "b" / "jit")) == (way.exists, way.error, way.real)
+    inside = [tmp_path / "a", tmp_path / "a" / "up", tmp_path / "b", tmp_path / "b" / "jit"]
+    assert [*ancestors, *map(str, inside)] == _paths(way)
+
+
+def test_an_absolute_link_walks_its_target_from_the_root_once(tmp_path: Path) -> None:
+    """``abs -> /…/b``: every component of the target is met again from ``/`` (which is not met
+    twice), then the rest of the path."""
+    (tmp_path / "b" / "jit").mkdir(parents=True)
+    (tmp_path / "abs").symlink_to(tmp_path / "b")
+    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    way = treeowner.walk(tmp_path / "abs" / "jit")
+    assert (True, None, PurePosixPath(tmp_path / "b" / "jit")) == (way.exists, way.error, way.real)
+    again = [str(tmp_path / "b"), str(tmp_path / "b" / "jit")]
+    assert [*ancestors, str(tmp_path / "abs"), *ancestors[1:], *again] == _paths(way)
+
+
+def test_a_component_that_cannot_be_looked_at_ends_the_walk_with_why(tmp_path: Path) -> None:
+    """An ``lstat`` that fails for another reason than a missing component (here a name longer
+    than the filesystem allows): the walk stops there, says why, and nothing exists."""
+    long = tmp_path / ("x" * 300)
+    way = treeowner.walk(long / "jit")
+    assert (False, "file name too long", PurePosixPath(long)) == (way.exists, way.error, way.real)
+    assert str(tmp_path) == _paths(way)[-1]
+
+
+def test_a_root_folder_that_cannot_be_looked_at_ends_the_walk_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(_path: object) -> os.stat_result:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(treeowner.os, "lstat", refused)
+    way = treeowner.walk("/var/lib/jit")
+    assert (False, "permission denied", (), PurePosixPath("/")) == (
+        way.exists,
+        way.error,
+        way.steps,
+        way.real,
+    )

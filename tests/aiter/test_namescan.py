@@ -92,3 +92,23 @@ def test_chunked_reads_answer_what_the_whole_file_does(
         got = modulescan.scan_fd(fh.fileno(), names, max_bytes=1 << 20, chunk=chunk)
     assert modulescan.Outcome.SCANNED is got.outcome
     assert {n for n in names if _rule(content, n)} == got.found
+
+
+def test_a_name_holding_a_nul_is_searched_for_as_it_is() -> None:
+    """A name that is no C string (a NUL inside) is looked for with its own bytes and a NUL."""
+    data = b"zz" + b"ab\x00cd\x00" + b"zz"
+    assert {"ab\x00cd": True, "ab\x00ce": False} == namescan.registered_in(
+        data, ["ab\x00cd", "ab\x00ce"]
+    )
+
+
+def test_names_of_one_group_are_each_found_past_their_common_prefix() -> None:
+    """Names sharing their first bytes are searched by what they all share, not by one of them:
+    the group's other members are found too."""
+    names = ["module_fmha_bwd", "module_fmha_fwd_one", "module_fmha_fwd_two"]
+    data = b"\x00module_fmha_fwd_two\x00 module_fmha_bwd\x00"
+    assert {
+        "module_fmha_bwd": True,
+        "module_fmha_fwd_one": False,
+        "module_fmha_fwd_two": True,
+    } == namescan.registered_in(data, names)
