@@ -254,6 +254,28 @@ def test_prune_removes_only_verified_whole_quarantines_beyond_keep(stale_tree) -
     assert "missing: module_m2.so" in reasons[names[1]]
     assert "unfinished" in reasons[names[2]]
     assert "unverified" in reasons["20190101T000000Z"]
+    book = json.loads((_book(stale_tree).state_dir / manifest_digest.BOOK_FILE).read_text())
+    held = {qid for quarantines_of in book.values() for qid in quarantines_of}
+    assert (False, True) == (names[0] in held, set(names[1:]) <= held), "a pruned one is forgotten"
+
+
+def test_prune_without_quarantines_removes_and_keeps_nothing(stale_tree) -> None:
+    pruned = heal.prune(stale_tree.jit, keep=0, book=_book(stale_tree))
+    assert ((), ()) == (pruned.removed, pruned.kept)
+
+
+def test_a_quarantine_whose_manifest_cannot_be_read_is_kept_with_why(stale_tree) -> None:
+    """A manifest that is a link (or a FIFO, or too large) cannot be judged: never pruned."""
+    jit = stale_tree.jit
+    quarantines.install(jit, "module_m1", b"m")
+    qid = quarantines.heal_modules(jit, stale_tree.state, ["module_m1"], day=1).id
+    manifest = jit / heal.QUARANTINE_DIR / qid / heal.MANIFEST
+    manifest.rename(manifest.with_name("elsewhere.json"))
+    manifest.symlink_to("elsewhere.json")
+    pruned = heal.prune(jit, keep=0, book=_book(stale_tree))
+    assert ((), [qid]) == (pruned.removed, [k for k, _ in pruned.kept])
+    assert pruned.kept[0][1].startswith("cannot be judged: ")
+    assert (jit / heal.QUARANTINE_DIR / qid).is_dir()
 
 
 def test_only_real_visible_folders_are_quarantines(stale_tree) -> None:
