@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from hal0_reconciler import settings as settings_mod
 from hal0_reconciler.host.restarts import api as hal0_api
@@ -50,10 +52,16 @@ def test_only_http_to_a_host_is_called(tmp_path: Path, url: str) -> None:
 
 @contextmanager
 def keep_alive_server(
-    *, close_after: int, answer: bool = True, status: bytes = b"200 OK", body: bytes | None = None
+    *,
+    close_after: int,
+    answer: bool = True,
+    status: bytes = b"200 OK",
+    body: bytes | None = None,
+    accepted: list[int] | None = None,
 ) -> Iterator[tuple[int, list[bytes]]]:
     """Root's HTTP/1.1 server that answers ``close_after`` requests on a connection (keeping it
-    alive, as it says), then closes it without a word; yields its port and each request."""
+    alive, as it says), then closes it without a word; yields its port and each request
+    (``accepted``: one item per connection it accepted)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -67,6 +75,8 @@ def keep_alive_server(
                 conn, _ = srv.accept()
             except OSError:
                 return
+            if accepted is not None:
+                accepted.append(1)
             with conn:
                 conn.settimeout(5)
                 for n in range(close_after):
@@ -205,6 +215,7 @@ def test_an_error_answer_is_an_http_error_with_hals_words(
         client.close()
     assert f"hal0 API answered {line}" == str(caught.value)
     assert int(status[:3]) == caught.value.status
+    assert line.partition(": ")[2] == caught.value.message
 
 
 def test_a_399_answer_is_an_answer(tmp_path: Path) -> None:
@@ -212,3 +223,149 @@ def test_a_399_answer_is_an_answer(tmp_path: Path) -> None:
         client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
         assert hal0_api.Answer(399, {"a": 1}) == client.get("/api/x")
         client.close()
+
+
+def _client_sockets(port: int) -> int:
+    """This process's open TCP sockets whose other end is ``port`` (the client's side)."""
+    me = psutil.Process()
+    found = me.net_connections("tcp") if hasattr(me, "net_connections") else me.connections("tcp")
+    return sum(1 for c in found if c.raddr and c.raddr[1] == port)
+
+
+def test_gets_share_one_kept_alive_connection(tmp_path: Path) -> None:
+    accepted: list[int] = []
+    with keep_alive_server(close_after=3, accepted=accepted) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        for n in range(3):
+            client.get(f"/api/x{n}")
+        client.close()
+        assert 0 == _client_sockets(port), "close() leaves no socket open"
+    assert (3, 1) == (len(seen), len(accepted))
+
+
+def test_a_post_closes_its_connection_after_the_answer(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=3) as (port, _seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        assert 200 == client.post("/api/slots/a/restart", timeout=5).status
+        assert 0 == _client_sockets(port)
+
+
+def test_an_abort_closes_the_kept_connection_and_connects_no_more(tmp_path: Path) -> None:
+    """Aborted after a GET: the next call is refused before any connection, and the kept-alive
+    one is closed."""
+    accepted: list[int] = []
+    with keep_alive_server(close_after=3, accepted=accepted) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        client.get("/api/health")
+        client.abort()
+        with pytest.raises(hal0_api.ApiAborted, match="the daemon is stopping"):
+            client.get("/api/health")
+        assert 0 == _client_sockets(port)
+    assert (1, 1) == (len(seen), len(accepted))
+
+
+def test_an_abort_while_connecting_sends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """abort() from another thread lands between the connection and the request: the new
+    connection is closed unused."""
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        checked = client._check_peer
+
+        def check_then_abort(*args: object, **kwargs: object) -> None:
+            checked(*args, **kwargs)  # type: ignore[arg-type]
+            client.abort()
+
+        monkeypatch.setattr(client, "_check_peer", check_then_abort)
+        with pytest.raises(hal0_api.ApiAborted, match="the daemon is stopping"):
+            client.get("/api/health")
+        assert 0 == _client_sockets(port)
+    assert [] == seen
+
+
+def test_a_name_in_api_url_is_warned_about_once_with_its_addresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hal0_api, "_NAMES_SAID", set())
+    with keep_alive_server(close_after=3) as (port, _seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://localhost:{port}"))
+        with capture_logs() as logs:
+            client.get("/api/a")
+            client.close()
+            client.get("/api/b")
+            client.close()
+    said = [e for e in logs if e["event"] == "api.url_names_a_host"]
+    assert 1 == len(said)
+    assert "127.0.0.1" in said[0]["addresses"].split(", ")
+    assert str(port) not in said[0]["addresses"]
+
+
+def test_a_host_that_cannot_be_resolved_is_refused(tmp_path: Path) -> None:
+    client = hal0_api.Hal0Client(_settings(tmp_path, "http://no-such-host.invalid:8080"))
+    with pytest.raises(hal0_api.ApiRefused, match=r"'no-such-host\.invalid' cannot be resolved"):
+        client.get("/api/health")
+
+
+def test_an_unreachable_address_is_refused_and_leaves_no_socket(tmp_path: Path) -> None:
+    """A connect that fails for another reason than a refusal or a timeout (TCP to a multicast
+    address: no route)."""
+    client = hal0_api.Hal0Client(_settings(tmp_path, "http://224.0.0.1:8080"))
+    before = psutil.Process().num_fds()
+    with pytest.raises(hal0_api.ApiRefused, match=r"unreachable at 224\.0\.0\.1:8080"):
+        client.get("/api/health")
+    assert before == psutil.Process().num_fds()
+
+
+def test_a_refused_address_leaves_no_socket(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+    before = psutil.Process().num_fds()
+    with pytest.raises(hal0_api.ApiRefused):
+        client.get("/api/health")
+    assert before == psutil.Process().num_fds()
+
+
+def test_an_unexpected_failure_while_connecting_is_raised_as_it_is_its_socket_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with keep_alive_server(close_after=1) as (port, seen):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+
+        def odd(*_args: object, **_kwargs: object) -> None:
+            raise hal0_api.ApiError("odd")
+
+        monkeypatch.setattr(client, "_check_peer", odd)
+        with pytest.raises(hal0_api.ApiError, match=r"^odd$"):
+            client.get("/api/health")
+        assert 0 == _client_sockets(port)
+    assert [] == seen
+
+
+def test_an_unreadable_key_file_is_misconfigured_and_sends_nothing(tmp_path: Path) -> None:
+    with keep_alive_server(close_after=1) as (port, seen):
+        settings = _settings(tmp_path, f"http://127.0.0.1:{port}")
+        (tmp_path / "api.env").unlink()
+        (tmp_path / "api.env").mkdir()
+        client = hal0_api.Hal0Client(settings)
+        with pytest.raises(hal0_api.ApiMisconfigured, match=r"cannot read .*api\.env"):
+            client.get("/api/health")
+        assert 0 == _client_sockets(port)
+    assert [] == seen
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"error": {"code": "c", "message": "%s"}}', b'{"detail": "%s"}'],
+    ids=["error", "detail"],
+)
+def test_hals_words_are_cut_at_300_characters(tmp_path: Path, body: bytes) -> None:
+    long = b"w" * 400
+    with keep_alive_server(close_after=1, status=b"400 Bad", body=body % long) as (port, _s):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        with pytest.raises(hal0_api.ApiHttpError) as caught:
+            client.get("/api/x")
+        client.close()
+    assert "w" * 300 == caught.value.message
