@@ -231,3 +231,110 @@ def test_an_answer_over_one_message_is_refused_and_one_at_the_cap_is_not(
             assert len(os.listdir(folder)) == len(io.listdir(folder))
     finally:
         io.close()
+
+
+def _in_fork(code: Any) -> Any:
+    """``code()`` in a forked copy of this process (credentials change for good there); its
+    JSON answer."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked copy
+        os.close(read)
+        try:
+            answer = json.dumps(code()).encode()
+        except BaseException as exc:
+            answer = json.dumps(f"raised {exc!r}").encode()
+        os.write(write, answer)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _drop_and_look(uid: int, gid: int) -> Any:
+    why = treechild.drop_to(uid, gid, [gid])
+    return [why, list(os.getresuid()), list(os.getresgid()), sorted(os.getgroups())]
+
+
+@pytest.mark.parametrize(
+    ("uid", "gid"), [(0, 4321), (4321, 0), (4321, 4321)], ids=["group-only", "user-only", "both"]
+)
+def test_the_child_becomes_exactly_the_owner(uid: int, gid: int) -> None:
+    """Whatever part of the identity changes (the group alone, the user alone, both), the
+    child ends with exactly those ids, and nothing said."""
+    assert [None, [uid] * 3, [gid] * 3, [gid]] == _in_fork(lambda: _drop_and_look(uid, gid))
+
+
+def test_a_child_that_cannot_change_its_credentials_says_why() -> None:
+    def attempt() -> Any:
+        os.setgroups([4321])
+        os.setgid(4321)
+        os.setuid(4321)
+        return treechild.drop_to(4322, 4322, [4322])
+
+    assert "cannot become uid 4322 gid 4322: Operation not permitted" == _in_fork(attempt)
+
+
+def test_a_child_whose_credentials_did_not_change_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(treechild.os, "setuid", lambda _uid: None)
+    assert "credentials did not change to uid 4321 gid 4321" == _in_fork(
+        lambda: treechild.drop_to(4321, 4321, [4321])
+    )
+
+
+def test_a_rename_replaces_nothing_unless_asked(root: Path) -> None:
+    (root / "other").write_bytes(b"other")
+    child = treechild.Child([str(root)])
+    with pytest.raises(FileExistsError):
+        child.handle({"op": "rename", "root": 0, "path": "m.so", "dst": "other"}, [])
+    assert b"other" == (root / "other").read_bytes()
+
+
+def test_an_fsync_of_a_folder_that_is_not_there_fails(root: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        treechild.Child([str(root)]).handle({"op": "fsync", "root": 0, "path": "missing"}, [])
+
+
+def test_a_file_written_through_the_child_has_the_mode_asked(root: Path) -> None:
+    old = os.umask(0)
+    try:
+        for name, mode in (("asked", {"mode": 0o600}), ("default", {})):
+            fd = _memfd(b"data")
+            try:
+                treechild.Child([str(root)]).handle(
+                    {"op": "write", "root": 0, "path": name, **mode}, [fd]
+                )
+            finally:
+                os.close(fd)
+    finally:
+        os.umask(old)
+    assert (0o600, 0o644) == tuple(
+        stat.S_IMODE((root / n).stat().st_mode) for n in ("asked", "default")
+    )
+
+
+def test_the_loop_closes_every_descriptor_it_sends(served: socket.socket) -> None:
+    before = _fds()
+    for _ in range(3):
+        assert "stat" in _ask(served, {"op": "open", "root": 0, "path": "m.so"})
+    assert before == _fds()
+
+
+def test_a_names_list_over_its_cap_is_refused_and_one_at_it_is_scanned(root: Path) -> None:
+    cap = treechild.MAX_SCAN_NAMES
+    for size, refused in ((cap, False), (cap + 1, True)):
+        fd = _memfd(b'["' + b"a" * (size - 4) + b'"]')
+        request = {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}
+        try:
+            if refused:
+                with pytest.raises(boundedread.ReadRefused):
+                    treechild.Child([str(root)]).handle(request, [fd])
+            else:
+                answer, _ = treechild.Child([str(root)]).handle(request, [fd])
+                assert ([], "scanned") == (answer["found"], answer["outcome"])
+        finally:
+            os.close(fd)
