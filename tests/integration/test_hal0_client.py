@@ -60,6 +60,7 @@ def keep_alive_server(
     status: bytes = b"200 OK",
     body: bytes | None = None,
     accepted: list[int] | None = None,
+    headers: bytes = b"",
 ) -> Iterator[tuple[int, list[bytes]]]:
     """Root's HTTP/1.1 server that answers ``close_after`` requests on a connection (keeping it
     alive, as it says), then closes it without a word; yields its port and each request
@@ -95,8 +96,8 @@ def keep_alive_server(
                         break  # read, then closed without a word
                     text = body if body is not None else b'{"n": %d}' % len(seen)
                     conn.sendall(
-                        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (status, len(text), text)
+                        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n%s"
+                        b"Content-Length: %d\r\n\r\n%s" % (status, headers, len(text), text)
                     )
                     del n
 
@@ -363,14 +364,14 @@ def test_an_unexpected_failure_while_connecting_is_raised_as_it_is_its_socket_cl
 
 
 def test_an_unreadable_key_file_is_misconfigured_and_sends_nothing(tmp_path: Path) -> None:
-    with keep_alive_server(close_after=1) as (port, seen):
+    with keep_alive_server(close_after=1) as (port, seen), _every_socket_closed():
         settings = _settings(tmp_path, f"http://127.0.0.1:{port}")
         (tmp_path / "api.env").unlink()
         (tmp_path / "api.env").mkdir()
         client = hal0_api.Hal0Client(settings)
         with pytest.raises(hal0_api.ApiMisconfigured, match=r"cannot read .*api\.env"):
             client.get("/api/health")
-        assert 0 == _client_sockets(port)
+        del client
     assert [] == seen
 
 
@@ -387,3 +388,19 @@ def test_hals_words_are_cut_at_300_characters(tmp_path: Path, body: bytes) -> No
             client.get("/api/x")
         client.close()
     assert "w" * 300 == caught.value.message
+
+
+def test_an_answer_that_closes_its_connection_is_followed_by_a_close(tmp_path: Path) -> None:
+    """hal0 says ``Connection: close``: the client closes its end at once (no socket waits in
+    CLOSE_WAIT for the next call), and the next call connects anew."""
+    accepted: list[int] = []
+    with keep_alive_server(close_after=1, headers=b"Connection: close\r\n", accepted=accepted) as (
+        port,
+        seen,
+    ):
+        client = hal0_api.Hal0Client(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+        assert {"n": 1} == client.get("/api/a").body
+        assert 0 == _client_sockets(port)
+        assert {"n": 2} == client.get("/api/b").body
+        client.close()
+    assert (2, 2) == (len(seen), len(accepted))
