@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 import platform
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -316,3 +317,112 @@ def test_an_atomic_write_that_fails_raises_and_leaves_nothing(
     assert before == _open_fds()
     assert b"inside" == (root / "sub/file").read_bytes()
     assert ["file"] == sorted(os.listdir(root / "sub"))
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_the_openat2_probe_leaves_no_descriptor_open() -> None:
+    before = _open_fds()
+    for _ in range(3):
+        treefs._probe_openat2()
+    assert before == _open_fds()
+
+
+def test_a_missing_folder_on_the_way_is_not_found(impl: str, tree: tuple[Path, int]) -> None:
+    _root, fd = tree
+    with pytest.raises(FileNotFoundError):
+        treefs.open_regular(fd, "missing/deeper/file")
+
+
+def test_the_trees_own_lstat_is_its_roots(tree: tuple[Path, int]) -> None:
+    root, fd = tree
+    st = treefs.lstat_at(fd, "")
+    assert st is not None
+    assert (root.stat().st_dev, root.stat().st_ino) == (st.st_dev, st.st_ino)
+
+
+def test_folders_and_files_made_beneath_take_their_default_modes(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    root, fd = tree
+    old = os.umask(0)
+    try:
+        treefs.mkdir_at(fd, "sub/made")
+        treefs.write_atomic_at(fd, "sub/written", b"x")
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE((root / "sub" / n).lstat().st_mode) for n in ("made", "written")]
+    assert [0o755, 0o644] == modes
+
+
+def test_without_renameat2_a_rename_checks_then_renames(
+    tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where libc has no renameat2: the destination is looked at first, then renamed; an
+    existing one is still never replaced."""
+    root, fd = tree
+    monkeypatch.setattr(treefs, "_LIBC", None)  # no renameat2, and so no openat2 either
+    monkeypatch.setattr(treefs, "OPENAT2", False)
+    treefs.rename_at(fd, "sub/file", "sub/moved")
+    assert (False, b"inside") == (
+        (root / "sub" / "file").exists(),
+        (root / "sub" / "moved").read_bytes(),
+    )
+    (root / "sub" / "other").write_bytes(b"other")
+    with pytest.raises(FileExistsError):
+        treefs.rename_at(fd, "sub/moved", "sub/other")
+    assert b"other" == (root / "sub" / "other").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_removing_a_folder_that_is_not_one_names_it_and_follows_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "kept").write_bytes(b"kept")
+    if kind == "link":
+        (tmp_path / "q").symlink_to(tmp_path / "target")
+    else:
+        (tmp_path / "q").write_bytes(b"")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(NotADirectoryError) as caught:
+            treefs.rmtree_in(fd, "q")
+    finally:
+        os.close(fd)
+    assert "not a folder (never followed)" == caught.value.strerror
+    assert b"kept" == (tmp_path / "target" / "kept").read_bytes()
+
+
+def test_removing_a_folder_removes_every_level_and_leaves_no_descriptor(tmp_path: Path) -> None:
+    deep = tmp_path / "q" / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    for level in (tmp_path / "q", deep.parent, deep):
+        (level / "f").write_bytes(b"f")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    before = _open_fds()
+    try:
+        treefs.rmtree_in(fd, "q")
+        assert before == _open_fds()
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize(
+    ("rel", "reason"),
+    [
+        ("dirlink/secret", "a symlink on the way (never followed)"),
+        ("x" * 300 + "/f", "cannot be opened (file name too long)"),
+    ],
+    ids=["link-on-the-way", "name-too-long"],
+)
+def test_a_file_whose_way_cannot_be_opened_says_why(
+    impl: str, tree: tuple[Path, int], rel: str, reason: str
+) -> None:
+    _root, fd = tree
+    with pytest.raises(boundedread.ReadRefused) as caught:
+        treefs.read_at(fd, rel, max_bytes=1 << 10)
+    assert reason == caught.value.reason
