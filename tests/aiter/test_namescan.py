@@ -112,3 +112,12 @@ def test_names_of_one_group_are_each_found_past_their_common_prefix() -> None:
         "module_fmha_fwd_one": False,
         "module_fmha_fwd_two": True,
     } == namescan.registered_in(data, names)
+
+
+def test_a_name_holding_a_nul_keeps_its_answer_beside_names_sharing_its_start() -> None:
+    """A name with a NUL after eight shared bytes is answered by its own search only: the
+    group of the names it shares them with never answers for it."""
+    data = b"zz" + b"abcdefgh\x00x\x00" + b"zz"
+    assert {"abcdefgh\x00x": True, "abcdefgh1": False} == namescan.registered_in(
+        data, ["abcdefgh\x00x", "abcdefgh1"]
+    )
