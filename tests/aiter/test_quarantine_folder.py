@@ -122,3 +122,14 @@ def test_a_jit_folder_that_is_a_link_or_missing(tmp_path: Path) -> None:
         folder.open_jit(tmp_path / "missing")
     fd = folder.open_jit(tmp_path)
     os.close(fd)
+
+
+def test_an_entry_gone_before_it_could_be_named_is_said_to_be_no_folder(
+    here: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open failed on a link that is gone when it is looked at: "not a folder"."""
+    path, fd = here
+    (path / "q").symlink_to("/etc")
+    monkeypatch.setattr(folder, "lstat_at", lambda _fd, _name: None)
+    with pytest.raises(folder.FolderRefused, match=r"^q is not a folder, not a real folder"):
+        folder.open_dir(fd, "q", label="q")

@@ -338,3 +338,19 @@ def test_a_names_list_over_its_cap_is_refused_and_one_at_it_is_scanned(root: Pat
                 assert ([], "scanned") == (answer["found"], answer["outcome"])
         finally:
             os.close(fd)
+
+
+def test_a_file_to_write_over_its_cap_is_refused_and_one_at_it_is_written(root: Path) -> None:
+    cap = treechild.MAX_WRITE
+    for name, size in (("at-cap", cap), ("over-cap", cap + 1)):
+        fd = _memfd(b"x" * size)
+        request = {"op": "write", "root": 0, "path": name, "mode": 0o600}
+        try:
+            if size > cap:
+                with pytest.raises(boundedread.ReadRefused):
+                    treechild.Child([str(root)]).handle(request, [fd])
+            else:
+                treechild.Child([str(root)]).handle(request, [fd])
+        finally:
+            os.close(fd)
+    assert (cap, False) == ((root / "at-cap").stat().st_size, (root / "over-cap").exists())
