@@ -39,16 +39,10 @@ INTERVAL = 10.0
 class ScanningRestarter(units.Restarter):
     """The queue before the heap: every wake-up scans and sorts all pending requests."""
 
-    def submit(self, request: units.RestartRequest) -> None:
-        now = time.monotonic()
-        with self._cond:
-            last = self._last.get(request.token)
-            interval = self._settings.restart_min_interval
-            due = now if last is None else max(now, last + interval)
-            if due > now and request.token not in self._pending:
-                units.log.info("unit.restart_deferred", slot=request.name)
-            self._pending[request.token] = (due, request)
-            self._cond.notify_all()
+    def _put(self, request: units.RestartRequest, due: float) -> None:
+        """Pending at ``due``, no heap (``submit`` is the real one: it starts the workers)."""
+        self._pending[request.token] = (due, request)
+        self._cond.notify_all()
 
     def _next_due(
         self, worker: int
