@@ -177,3 +177,80 @@ def test_a_watch_that_cannot_be_added_falls_back_to_polling(tree: Path) -> None:
     assert 4 == len(failed)  # one per watched folder, not repeated by the retry
     assert {"error"} == {e["log_level"] for e in failed}
     assert "max_user_watches" in failed[0]["reason"]
+
+
+def _comm(thread: threading.Thread) -> str:
+    return Path(f"/proc/self/task/{thread.native_id}/comm").read_text().rstrip("\n")
+
+
+class LateThread:
+    """A plain thread running watchdog's code (as 7.1.1's reader starts its dispatcher), and a
+    plain thread running ours, started now."""
+
+    def __init__(self) -> None:
+        from watchdog.utils.delayed_queue import DelayedQueue  # a watchdog object that blocks
+
+        self._queue: DelayedQueue[int] = DelayedQueue(0)
+        self._done = threading.Event()
+        self.watchdogs = threading.Thread(target=self._queue.get, name="Late-Dispatcher")
+        self.ours = threading.Thread(target=self._done.wait, args=(30,), name="ours")
+        self.watchdogs.start()
+        self.ours.start()
+
+    def stop(self) -> None:
+        self._queue.put(1)
+        self._done.set()
+        self.watchdogs.join(timeout=5)
+        self.ours.join(timeout=5)
+
+    def assert_named(self) -> None:
+        assert ("hal0-inotify-ev", "hal0-inotify-ev") == (
+            self.watchdogs.name,
+            _comm(self.watchdogs),
+        )
+        assert "ours" == self.ours.name
+        assert not _comm(self.ours).startswith("hal0-")
+
+
+def _event(tree: Path, keys: Keys, name: str, *, renamed: bool) -> None:
+    slot = tree / "etc/slots" / name
+    if renamed:  # a slot file renamed into place: a whole file
+        (tree / "etc/slots" / f".{name}.part").write_text("x")
+        (tree / "etc/slots" / f".{name}.part").rename(slot)
+    else:
+        slot.write_text("x")
+    wait_until(lambda: str(slot) in keys.seen, what="the slot key")
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["written", "renamed-into-place"])
+def test_a_thread_watchdog_starts_after_the_watcher_is_named_at_the_next_event(
+    tree: Path, renamed: bool
+) -> None:
+    """watchdog 7.1.1's inotify reader starts a plain thread (its dispatcher) of its own, after
+    the watch that made the reader was added: the next event names it by the code it runs. A
+    plain thread running our code is left as it is."""
+    keys = Keys()
+    with _watcher(tree, keys, enqueue_complete=keys.add) as _:
+        late = LateThread()
+        try:
+            _event(tree, keys, "agent.toml", renamed=renamed)
+            late.assert_named()
+        finally:
+            late.stop()
+
+
+def test_a_thread_watchdog_starts_after_a_later_watch_is_named_at_the_next_event(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """Once named, watchdog's threads are looked at again only after another watch is added
+    (an aiter folder here), at the event after it."""
+    watcher, keys = watching
+    _event(tree, keys, "first.toml", renamed=False)
+    (tree / "aiter").mkdir()
+    watcher.set_aiter_dirs([tree / "aiter"])
+    late = LateThread()
+    try:
+        _event(tree, keys, "second.toml", renamed=False)
+        late.assert_named()
+    finally:
+        late.stop()

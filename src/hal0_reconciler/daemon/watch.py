@@ -186,6 +186,9 @@ class Watcher(lifecycle.StartStop):
         self._handler_failed = threading.Event()  # a handler raised: its observer is ending
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
+        # watchdog's reader may start a thread of its own after a watch is added: named at the
+        # next event (which that thread has carried), on the observer thread
+        self._naming_due = False
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
             # in it: for the slots folder that says nothing its files' own events do not
@@ -215,6 +218,7 @@ class Watcher(lifecycle.StartStop):
         a watch needs repair now (a watched folder came or went). Waking it for every event cost
         a pipe write per event and a main-loop round per wake-up, on the threads a burst of new
         files needs most."""
+        self._name_late_threads()
         self._enqueue_raw(keys)
         if self._keys.folder_changed.is_set() or self._keys.hal0_moved.is_set():
             self._wake()
@@ -222,7 +226,13 @@ class Watcher(lifecycle.StartStop):
     def _enqueue_complete(self, keys: Iterable[WorkKey]) -> None:
         """The keys of a slot file that is whole (a slot event never asks for a repair)."""
         assert self._enqueue_complete_raw is not None  # noqa: S101 - only handed when given
+        self._name_late_threads()
         self._enqueue_complete_raw(keys)
+
+    def _name_late_threads(self) -> None:
+        if self._naming_due:
+            self._naming_due = False
+            name_watchdog_threads()
 
     def _on_handler_failure(self) -> None:
         self._handler_failed.set()
@@ -392,6 +402,7 @@ class Watcher(lifecycle.StartStop):
             added = True
         if added:
             name_watchdog_threads()
+            self._naming_due = True
         return added
 
     def _failed(self, watch: _Watch, exc: OSError) -> None:
@@ -415,10 +426,14 @@ _GLOB = frozenset("*?[")
 
 
 def _watchdog_role(thread: threading.Thread) -> str | None:
-    """What a thread of watchdog's does, by its class (None: not watchdog's)."""
+    """What a thread of watchdog's does, by its class or, for a plain thread watchdog starts
+    (7.1.1 and later: the reader's dispatcher), by the code it runs (None: not watchdog's)."""
     kind = type(thread)
     if not kind.__module__.startswith("watchdog."):
-        return None
+        target = getattr(thread, "_target", None)  # a plain Thread's: present while it runs
+        if not str(getattr(target, "__module__", "")).startswith("watchdog."):
+            return None
+        return "hal0-inotify-ev"  # hands what the reader read to the emitters
     name = kind.__name__
     if "Observer" in name:
         return "hal0-observer"  # dispatches events to the handlers (our mapping runs here)
@@ -429,7 +444,8 @@ def _watchdog_role(thread: threading.Thread) -> str | None:
 
 def name_watchdog_threads() -> None:
     """Name watchdog's threads (they run none of our code before their first event): one
-    observer, and per watched folder an emitter and its inotify reader."""
+    observer, per watched folder an emitter, and the inotify reader with (7.1.1 and later) the
+    dispatcher it starts itself."""
     for thread in threading.enumerate():
         role = _watchdog_role(thread)
         if role is not None and not thread.name.startswith("hal0-"):
