@@ -137,6 +137,7 @@ def _read_fd(fd: int, path: Path | str, *, max_bytes: int) -> bytes:
 def kind_of_mode(mode: int) -> str:
     """What a mode says a file is, in words."""
     kinds = (
+        (stat.S_ISREG, "a regular file"),
         (stat.S_ISLNK, "a symlink"),
         (stat.S_ISDIR, "a folder"),
         (stat.S_ISFIFO, "a FIFO"),

@@ -14,6 +14,7 @@ import pytest
 
 from hal0_reconciler import boundedread
 from hal0_reconciler.aiter.trees import fs as treefs
+from helpers.descriptors import open_fds
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -159,10 +160,6 @@ def test_a_file_over_its_cap_is_refused_with_its_size(impl: str, tree: tuple[Pat
     assert "larger than the 3-byte limit (6 bytes)" == caught.value.reason
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 @pytest.mark.parametrize("noreplace", [True, False])
 def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
     impl: str, tree: tuple[Path, int], noreplace: bool
@@ -170,7 +167,7 @@ def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
     """Each of ``rename_at`` and ``fsync_dir_at`` closes every folder fd it opened, when it
     works and when it fails (the daemon does thousands over its life)."""
     root, fd = tree
-    before = _open_fds()
+    before = open_fds()
     for i in range(3):
         (root / "sub" / f"n{i}").write_bytes(b"x")
         treefs.rename_at(fd, f"sub/n{i}", f"m{i}", noreplace=noreplace)
@@ -185,7 +182,7 @@ def test_renames_and_folder_fsyncs_leave_no_descriptor_open(
     treefs.mkdir_at(fd, "sub/made")
     with pytest.raises(FileExistsError):
         treefs.mkdir_at(fd, "sub/made")
-    assert before == _open_fds()
+    assert before == open_fds()
     assert [f"m{i}" for i in range(3)] == sorted(n for n in os.listdir(root) if n[0] == "m")
 
 
@@ -239,13 +236,13 @@ def test_files_opened_beneath_are_close_on_exec_and_made_private(
 
 def test_listing_and_reading_leave_no_descriptor_open(impl: str, tree: tuple[Path, int]) -> None:
     _, fd = tree
-    before = _open_fds()
+    before = open_fds()
     for _ in range(3):
         assert ["file"] == treefs.listdir_at(fd, "sub")
         assert b"inside" == treefs.read_at(fd, "sub/file", max_bytes=100)
         with pytest.raises(boundedread.ReadRefused):
             treefs.read_at(fd, "sub/file", max_bytes=2)
-    assert before == _open_fds()
+    assert before == open_fds()
 
 
 def test_a_missing_folder_on_the_way_is_none_only_when_asked(
@@ -286,13 +283,13 @@ def test_folder_fsyncs_and_atomic_writes_reach_the_disk(
         real(target)
 
     monkeypatch.setattr(os, "fsync", spy)
-    before = _open_fds()
+    before = open_fds()
     treefs.fsync_dir_at(fd, "sub")
     assert [(root / "sub").stat().st_ino] == synced
     synced.clear()
     treefs.write_atomic_at(fd, "sub/w", b"new", 0o640)
     assert [(root / "sub/w").stat().st_ino, (root / "sub").stat().st_ino] == synced
-    assert before == _open_fds()
+    assert before == open_fds()
     assert (b"new", 0o640) == (
         (root / "sub/w").read_bytes(),
         (root / "sub/w").stat().st_mode & 0o777,
@@ -309,25 +306,21 @@ def test_an_atomic_write_that_fails_raises_and_leaves_nothing(
     def broken(_fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    before = _open_fds()
+    before = open_fds()
     monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(OSError, match="Input/output error"):
         treefs.write_atomic_at(fd, "sub/file", b"replaced")
     monkeypatch.undo()
-    assert before == _open_fds()
+    assert before == open_fds()
     assert b"inside" == (root / "sub/file").read_bytes()
     assert ["file"] == sorted(os.listdir(root / "sub"))
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 def test_the_openat2_probe_leaves_no_descriptor_open() -> None:
-    before = _open_fds()
+    before = open_fds()
     for _ in range(3):
         treefs._probe_openat2()
-    assert before == _open_fds()
+    assert before == open_fds()
 
 
 def test_a_missing_folder_on_the_way_is_not_found(impl: str, tree: tuple[Path, int]) -> None:
@@ -402,10 +395,10 @@ def test_removing_a_folder_removes_every_level_and_leaves_no_descriptor(tmp_path
     for level in (tmp_path / "q", deep.parent, deep):
         (level / "f").write_bytes(b"f")
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    before = _open_fds()
+    before = open_fds()
     try:
         treefs.rmtree_in(fd, "q")
-        assert before == _open_fds()
+        assert before == open_fds()
     finally:
         os.close(fd)
     assert not (tmp_path / "q").exists()
@@ -426,3 +419,76 @@ def test_a_file_whose_way_cannot_be_opened_says_why(
     with pytest.raises(boundedread.ReadRefused) as caught:
         treefs.read_at(fd, rel, max_bytes=1 << 10)
     assert reason == caught.value.reason
+
+
+def test_no_openat2_is_found_without_libc_or_when_the_call_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fails(*_args: object, **_kwargs: object) -> int:
+        raise OSError(errno.ENOSYS, "no openat2")
+
+    monkeypatch.setattr(treefs, "_openat2_raw", fails)
+    assert treefs._probe_openat2() is False
+    monkeypatch.setattr(treefs, "_LIBC", None)
+    assert treefs._probe_openat2() is False
+
+
+def test_openat2_without_libc_says_it_is_not_available(
+    tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _root, fd = tree
+    monkeypatch.setattr(treefs, "_LIBC", None)
+    with pytest.raises(OSError, match="openat2 is not available") as caught:
+        treefs._openat2_raw(fd, "sub", os.O_PATH, close_dir=False)
+    assert errno.ENOSYS == caught.value.errno
+
+
+def test_the_walk_closes_every_folder_it_passes_and_a_link_it_pinned(
+    impl: str, tree: tuple[Path, int]
+) -> None:
+    root, fd = tree
+    (root / "sub" / "a" / "b").mkdir(parents=True)
+    (root / "sub" / "a" / "b" / "f").write_bytes(b"deep")
+    before = open_fds()
+    for _ in range(3):
+        assert b"deep" == treefs.read_at(fd, "sub/a/b/f", max_bytes=100)
+        with pytest.raises(OSError) as caught:
+            treefs.open_beneath(fd, "link", os.O_PATH)
+        assert errno.ELOOP == caught.value.errno
+        treefs.mkdir_at(fd, "sub/a/b/gone")
+        treefs.rmtree_at(fd, "sub/a/b/gone")
+    assert before == open_fds()
+
+
+def test_the_tree_root_has_no_parent_inside_the_tree(tree: tuple[Path, int]) -> None:
+    _root, fd = tree
+    for rel in ("", ".", "./"):
+        with pytest.raises(treefs.OutsideTree, match="no name inside the tree"):
+            treefs.parent_of(fd, rel)
+
+
+def test_without_renameat2_a_dangling_link_at_the_destination_is_not_replaced(
+    tree: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, fd = tree
+    monkeypatch.setattr(treefs, "_LIBC", None)
+    monkeypatch.setattr(treefs, "OPENAT2", False)
+    (root / "sub" / "dangling").symlink_to(root / "nowhere")
+    with pytest.raises(FileExistsError):
+        treefs.rename_at(fd, "sub/file", "sub/dangling")
+    assert ((root / "sub" / "dangling").is_symlink(), b"inside") == (
+        True,
+        (root / "sub" / "file").read_bytes(),
+    )
+
+
+def test_an_atomic_write_takes_its_mode_whatever_the_umask(tree: tuple[Path, int]) -> None:
+    root, fd = tree
+    old = os.umask(0o077)
+    try:
+        treefs.write_atomic_at(fd, "sub/default", b"x")
+        treefs.write_atomic_at(fd, "sub/asked", b"x", 0o640)
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE((root / "sub" / n).stat().st_mode) for n in ("default", "asked")]
+    assert [0o644, 0o640] == modes

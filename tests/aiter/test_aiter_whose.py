@@ -182,6 +182,11 @@ def test_the_verdict_says_whether_the_tree_is_roots() -> None:
     assert (False, 1000) == (user.as_root, user.uid)
 
 
+def _ancestors(path: Path) -> list[str]:
+    """Every folder a walk to something inside ``path`` meets first, ``/`` to ``path``."""
+    return [str(p) for p in reversed(path.parents)] + [str(path)]
+
+
 def _paths(way: whose.Way) -> list[str]:
     return [str(s.path) for s in way.steps]
 
@@ -189,7 +194,7 @@ def _paths(way: whose.Way) -> list[str]:
 def test_the_walk_meets_each_component_once_from_the_root(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    ancestors = _ancestors(tmp_path)
     way = treeowner.walk(tmp_path / "b")
     assert (True, None, [*ancestors, str(tmp_path / "b")]) == (way.exists, way.error, _paths(way))
     up = treeowner.walk(f"{tmp_path}/a/../b")  # ".." goes back up: no step for it
@@ -263,7 +268,7 @@ def test_a_relative_link_is_walked_from_the_folder_that_holds_it(tmp_path: Path)
     (tmp_path / "a").mkdir()
     (tmp_path / "b" / "jit").mkdir(parents=True)
     (tmp_path / "a" / "up").symlink_to("../b")
-    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    ancestors = _ancestors(tmp_path)
     way = treeowner.walk(tmp_path / "a" / "up" / "jit")
     assert (True, None, PurePosixPath(tmp_path / "b" / "jit")) == (way.exists, way.error, way.real)
     inside = [tmp_path / "a", tmp_path / "a" / "up", tmp_path / "b", tmp_path / "b" / "jit"]
@@ -275,7 +280,7 @@ def test_an_absolute_link_walks_its_target_from_the_root_once(tmp_path: Path) ->
     twice), then the rest of the path."""
     (tmp_path / "b" / "jit").mkdir(parents=True)
     (tmp_path / "abs").symlink_to(tmp_path / "b")
-    ancestors = [str(p) for p in reversed(tmp_path.parents)] + [str(tmp_path)]
+    ancestors = _ancestors(tmp_path)
     way = treeowner.walk(tmp_path / "abs" / "jit")
     assert (True, None, PurePosixPath(tmp_path / "b" / "jit")) == (way.exists, way.error, way.real)
     again = [str(tmp_path / "b"), str(tmp_path / "b" / "jit")]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hal0_reconciler.aiter.quarantine import folder
+from helpers.descriptors import open_fds
 
 
 @pytest.fixture
@@ -20,10 +21,6 @@ def here(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         yield tmp_path, fd
     finally:
         os.close(fd)
-
-
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.parametrize(
@@ -63,10 +60,10 @@ def test_folders_and_files_the_quarantine_makes_are_its_owners_alone(
 def test_what_stands_where_a_folder_should_be_is_named(here: tuple[Path, int], make, kind) -> None:
     path, fd = here
     make(path / "q")
-    before = _open_fds()
+    before = open_fds()
     with pytest.raises(folder.FolderRefused, match=rf"^q is {kind}, not a real folder: refused$"):
         folder.open_owned_dir(fd, "q", uid=os.getuid(), label="q")
-    assert before == _open_fds()
+    assert before == open_fds()
 
 
 def test_a_folder_owned_or_writable_by_another_is_refused_and_closed(
@@ -77,22 +74,22 @@ def test_a_folder_owned_or_writable_by_another_is_refused_and_closed(
     os.chown(path / "theirs", 4242, 4242)
     (path / "open").mkdir(mode=0o700)
     (path / "open").chmod(0o770)
-    before = _open_fds()
+    before = open_fds()
     with pytest.raises(folder.FolderRefused, match="owned by uid 4242, not by uid 0"):
         folder.open_owned_dir(fd, "theirs", uid=0, label="theirs")
     with pytest.raises(folder.FolderRefused, match="writable by others"):
         folder.open_owned_dir(fd, "open", uid=0, label="open")
-    assert before == _open_fds()
+    assert before == open_fds()
 
 
 def test_listing_a_folder_leaves_its_fd_and_no_other_open(here: tuple[Path, int]) -> None:
     path, fd = here
     (path / "b").write_bytes(b"")
     (path / "a").mkdir()
-    before = _open_fds()
+    before = open_fds()
     assert ["a", "b"] == folder.entries(fd)
     assert ["a", "b"] == folder.entries(fd), "the fd's own offset is left where it was"
-    assert before == _open_fds()
+    assert before == open_fds()
 
 
 @pytest.mark.parametrize("make", [lambda p: p.symlink_to("/etc"), lambda p: p.write_bytes(b"")])

@@ -22,10 +22,7 @@ from hal0_reconciler.aiter.quarantine import as_owner_child as owner_heal_child
 from hal0_reconciler.aiter.trees import child as treechild
 from hal0_reconciler.aiter.trees import fs as treefs
 from hal0_reconciler.aiter.trees import owner_io as treeio
-
-
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+from helpers.descriptors import open_fds
 
 
 @pytest.fixture
@@ -135,13 +132,13 @@ def test_a_scan_answers_indices_of_the_names_found_and_closes_the_module(root: P
     """Root's own tree in-process: the module's fd is closed after the scan (thousands of
     checks must not leak one each)."""
     io = treeio.local_at(root)
-    before = _fds()
+    before = open_fds()
     for _ in range(3):
         st, outcome, found = io.scan(
             root / "m.so", ["kernel_b", "kernel_a", "ELF"], max_bytes=1 << 20
         )
         assert (str(outcome), found, st.size) == ("scanned", frozenset({"kernel_a", "ELF"}), 4110)
-    assert before == _fds()
+    assert before == open_fds()
     names_fd = _memfd(b'["nope", "kernel_a"]')
     try:
         answer, _ = treechild.Child([str(root)]).handle(
@@ -183,7 +180,7 @@ def test_a_request_that_is_not_an_object_is_a_bad_request(served: socket.socket)
 def test_the_loop_closes_every_descriptor_it_is_sent(served: socket.socket, root: Path) -> None:
     """Descriptors that come with requests (data to write, names to look for, or none
     expected) are closed once the request is answered, whatever the answer."""
-    before = _fds()
+    before = open_fds()
     sent = [_memfd(b'["kernel_a"]') for _ in range(3)]
     try:
         _ask(served, {"op": "scan", "root": 0, "path": "m.so", "max_bytes": 1 << 20}, [sent[0]])
@@ -192,7 +189,7 @@ def test_the_loop_closes_every_descriptor_it_is_sent(served: socket.socket, root
     finally:
         for fd in sent:
             os.close(fd)
-    assert before == _fds()
+    assert before == open_fds()
     assert b'["kernel_a"]' == (root / "w").read_bytes()
 
 
@@ -318,10 +315,10 @@ def test_a_file_written_through_the_child_has_the_mode_asked(root: Path) -> None
 
 
 def test_the_loop_closes_every_descriptor_it_sends(served: socket.socket) -> None:
-    before = _fds()
+    before = open_fds()
     for _ in range(3):
         assert "stat" in _ask(served, {"op": "open", "root": 0, "path": "m.so"})
-    assert before == _fds()
+    assert before == open_fds()
 
 
 def test_a_names_list_over_its_cap_is_refused_and_one_at_it_is_scanned(root: Path) -> None:

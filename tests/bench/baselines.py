@@ -9,6 +9,7 @@ installed package has it) and removed at exit. Asserts nothing.
 from __future__ import annotations
 
 import atexit
+import functools
 import re
 import shutil
 import subprocess
@@ -50,20 +51,30 @@ def checkout(commit: str) -> Source:
     return Source(f"{name} ({commit[:7]})" if name else commit[:7], src)
 
 
+def knows(source: Source, key: str) -> bool:
+    """Whether ``source``'s settings have the top-level setting ``key`` (a baseline refuses a
+    setting added since it, exit 78, where it would simply not use it)."""
+    return (
+        re.search(rf"^\s+{re.escape(key)}\s*:", _settings_text(source.src), re.MULTILINE)
+        is not None
+    )
+
+
+@functools.cache
+def _settings_text(src: Path) -> str:
+    return (src / "hal0_reconciler/settings.py").read_text(encoding="utf-8")
+
+
 def settable(source: Source, argv: list[str]) -> list[str]:
-    """``argv`` without the ``--set KEY=VALUE`` pairs ``source``'s settings do not know (a
-    baseline refuses a setting added since, exit 78, where it would simply not use it)."""
-    text = (source.src / "hal0_reconciler/settings.py").read_text(encoding="utf-8")
+    """``argv`` without the ``--set KEY=VALUE`` pairs ``source``'s settings do not know."""
     kept: list[str] = []
     skip = False
     for n, arg in enumerate(argv):
         if skip:
             skip = False
             continue
-        if arg == "--set" and n + 1 < len(argv):
-            key = argv[n + 1].split("=", 1)[0]
-            if not re.search(rf"^\s+{re.escape(key)}\s*:", text, re.MULTILINE):
-                skip = True
-                continue
+        if arg == "--set" and n + 1 < len(argv) and not knows(source, argv[n + 1].split("=")[0]):
+            skip = True
+            continue
         kept.append(arg)
     return kept

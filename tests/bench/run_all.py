@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import resource
@@ -214,9 +213,9 @@ def _passes(w: world_mod.World) -> tuple[object, object]:
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
     overrides = w.overrides()
-    if os.environ.get("HAL0_BENCH_SRC"):  # a baseline's tree refuses the settings added since
-        known = {f.name for f in dataclasses.fields(settings_mod.Settings)}
-        overrides = {k: v for k, v in overrides.items() if k.split(".")[0] in known}
+    if os.environ.get("HAL0_BENCH_SRC"):  # a baseline's tree: without the settings added since
+        tree = baselines.Source("baseline", Path(os.environ["HAL0_BENCH_SRC"]))
+        overrides = {k: v for k, v in overrides.items() if baselines.knows(tree, k)}
     settings = settings_mod.load(None, overrides)
     facts = HostFacts(amd=True, lane=LaneState.USABLE)
     clock = workqueue.SystemClock()

@@ -266,3 +266,16 @@ def test_a_path_that_cannot_be_opened_is_refused_in_words(tmp_path: Path) -> Non
     with pytest.raises(boundedread.ReadRefused) as caught:
         boundedread.read_bounded(tmp_path / ("x" * 300), max_bytes=10)
     assert "cannot be opened (file name too long)" == caught.value.reason
+
+
+def test_every_kind_of_file_is_named(tmp_path: Path) -> None:
+    """The words for what a mode says, a regular file included (a caller that expected a
+    folder names what it found)."""
+    (tmp_path / "f").write_bytes(b"")
+    (tmp_path / "l").symlink_to("f")
+    os.mkfifo(tmp_path / "p")
+    modes = [os.lstat(tmp_path / n).st_mode for n in ("f", "l", "p")]
+    modes.append(os.lstat(tmp_path).st_mode)
+    assert ["a regular file", "a symlink", "a FIFO", "a folder"] == [
+        boundedread.kind_of_mode(m) for m in modes
+    ]

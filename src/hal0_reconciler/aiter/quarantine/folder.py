@@ -55,15 +55,10 @@ def open_dir(dir_fd: int, name: str, *, label: str) -> int:
         return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in {errno.ELOOP, errno.ENOTDIR}:
-            kind = _kind(lstat_at(dir_fd, name))
+            st = lstat_at(dir_fd, name)
+            kind = boundedread.kind_of_mode(st.st_mode) if st is not None else "not a folder"
             raise FolderRefused(f"{label} is {kind}, not a real folder: refused") from None
         raise
-
-
-def _kind(st: os.stat_result | None) -> str:
-    if st is None:
-        return "not a folder"
-    return "a regular file" if stat.S_ISREG(st.st_mode) else boundedread.kind_of_mode(st.st_mode)
 
 
 def open_owned_dir(

@@ -71,7 +71,7 @@ def _probe_openat2() -> bool:
 
 
 def _openat2_raw(dir_fd: int, rel: str, flags: int, mode: int = 0, *, close_dir: bool) -> int:
-    if _LIBC is None or _SYS_OPENAT2 is None:  # pragma: no cover - OPENAT2 is False then
+    if _LIBC is None or _SYS_OPENAT2 is None:  # the probe then said no: OPENAT2 is False
         raise OSError(errno.ENOSYS, "openat2 is not available", rel)
     how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE)
     try:
@@ -317,7 +317,7 @@ def write_atomic_at(root_fd: int, rel: str, data: bytes, mode: int = 0o644) -> N
         os.close(parent)
 
 
-def write_atomic_in(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+def write_atomic_in(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     """Replace ``name`` in the open folder ``dir_fd`` with ``data``: a fresh temp file beside it
     (``.NAME.HEX.tmp``, ``O_EXCL | O_NOFOLLOW``, ``mode`` whatever the umask), fsynced, renamed
     over it, the folder fsynced. A symlink at ``name`` is replaced, not followed."""
