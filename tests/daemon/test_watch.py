@@ -222,6 +222,15 @@ def _event(tree: Path, keys: Keys, name: str, *, renamed: bool) -> None:
     wait_until(lambda: str(slot) in keys.seen, what="the slot key")
 
 
+def _late_threads_named_by_an_event(tree: Path, keys: Keys, *, renamed: bool) -> None:
+    late = LateThread()
+    try:
+        _event(tree, keys, "agent.toml", renamed=renamed)
+        late.assert_named()
+    finally:
+        late.stop()
+
+
 @pytest.mark.parametrize("renamed", [False, True], ids=["written", "renamed-into-place"])
 def test_a_thread_watchdog_starts_after_the_watcher_is_named_at_the_next_event(
     tree: Path, renamed: bool
@@ -231,12 +240,7 @@ def test_a_thread_watchdog_starts_after_the_watcher_is_named_at_the_next_event(
     plain thread running our code is left as it is."""
     keys = Keys()
     with _watcher(tree, keys, enqueue_complete=keys.add) as _:
-        late = LateThread()
-        try:
-            _event(tree, keys, "agent.toml", renamed=renamed)
-            late.assert_named()
-        finally:
-            late.stop()
+        _late_threads_named_by_an_event(tree, keys, renamed=renamed)
 
 
 def test_a_thread_watchdog_starts_after_a_later_watch_is_named_at_the_next_event(
@@ -248,9 +252,4 @@ def test_a_thread_watchdog_starts_after_a_later_watch_is_named_at_the_next_event
     _event(tree, keys, "first.toml", renamed=False)
     (tree / "aiter").mkdir()
     watcher.set_aiter_dirs([tree / "aiter"])
-    late = LateThread()
-    try:
-        _event(tree, keys, "second.toml", renamed=False)
-        late.assert_named()
-    finally:
-        late.stop()
+    _late_threads_named_by_an_event(tree, keys, renamed=False)
