@@ -62,11 +62,14 @@ def name_current(name: str) -> bool:
 
 def name_other(thread: threading.Thread, name: str) -> bool:
     """Name a started thread that runs no code of ours, from another thread
-    (``pthread_setname_np`` on its handle). True when the kernel took the name."""
+    (``pthread_setname_np`` on its handle). True when the kernel took the name. A thread not
+    running (not yet, or no more) keeps its names: one still starting is named when asked again."""
+    ident = thread.ident
+    if ident is None or not thread.is_alive():
+        return False
     thread.name = name
     libc = _c_library()
-    ident = thread.ident
-    if libc is None or ident is None or not thread.is_alive():
+    if libc is None:
         return False
     import ctypes  # noqa: PLC0415 - loaded by _c_library already
 

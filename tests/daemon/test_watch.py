@@ -249,7 +249,52 @@ def test_a_thread_watchdog_starts_after_a_later_watch_is_named_at_the_next_event
     """Once named, watchdog's threads are looked at again only after another watch is added
     (an aiter folder here), at the event after it."""
     watcher, keys = watching
-    _event(tree, keys, "first.toml", renamed=False)
+    _event(tree, keys, "first.toml", renamed=True)  # its last event: none of it comes later
     (tree / "aiter").mkdir()
     watcher.set_aiter_dirs([tree / "aiter"])
     _late_threads_named_by_an_event(tree, keys, renamed=False)
+
+
+def test_the_main_loops_look_names_a_late_thread_and_the_next_event_still_looks(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """On an idle host no event may come: the main loop's look (READY's among them) names a
+    thread watchdog started after its watch, without an event; it does not end the looking,
+    since only an event shows the reader's threads have all started."""
+    watcher, keys = watching
+    late = LateThread()
+    try:
+        watcher.check()
+        late.assert_named()
+    finally:
+        late.stop()
+    _late_threads_named_by_an_event(tree, keys, renamed=False)
+
+
+@pytest.mark.parametrize("kernel_names", [True, False], ids=["kernel-names", "no-c-library"])
+def test_once_every_thread_is_named_events_look_no_more(
+    tree: Path, watching: tuple[Watcher, Keys], monkeypatch: pytest.MonkeyPatch, kernel_names: bool
+) -> None:
+    """The looking ends at the event that found every thread of watchdog's running: a later
+    event costs no look at the process's threads (a thread started since, with no watch added,
+    is not watchdog's doing). Without a C library to name threads with, watchdog's get their
+    Python names and the looking ends all the same."""
+    from hal0_reconciler import threadname
+
+    if not kernel_names:
+        monkeypatch.setattr(threadname, "_libc", None)
+        monkeypatch.setattr(threadname, "_loaded", True)
+    _, keys = watching
+    first = LateThread()
+    second: LateThread | None = None
+    try:
+        _event(tree, keys, "agent.toml", renamed=True)
+        assert "hal0-inotify-ev" == first.watchdogs.name
+        assert kernel_names == (_comm(first.watchdogs) == "hal0-inotify-ev")
+        second = LateThread()
+        _event(tree, keys, "later.toml", renamed=True)
+        assert "Late-Dispatcher" == second.watchdogs.name
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -186,8 +186,9 @@ class Watcher(lifecycle.StartStop):
         self._handler_failed = threading.Event()  # a handler raised: its observer is ending
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
-        # watchdog's reader may start a thread of its own after a watch is added: named at the
-        # next event (which that thread has carried), on the observer thread
+        # watchdog's threads (some start just after a watch is added) are named at each
+        # main-loop look and at the next event, on the observer thread: an event has passed
+        # through every one of them, so the looking ends there
         self._naming_due = False
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
@@ -231,8 +232,7 @@ class Watcher(lifecycle.StartStop):
 
     def _name_late_threads(self) -> None:
         if self._naming_due:
-            self._naming_due = False
-            name_watchdog_threads()
+            self._naming_due = not name_watchdog_threads()
 
     def _on_handler_failure(self) -> None:
         self._handler_failed.set()
@@ -251,7 +251,6 @@ class Watcher(lifecycle.StartStop):
         self._observer = self._factory()
         self._observer.start()
         self._schedule_missing(retry_failures=True)
-        name_watchdog_threads()
 
     def stop(self) -> None:
         self._stopping = True
@@ -354,6 +353,8 @@ class Watcher(lifecycle.StartStop):
         self._keys.folder_changed.clear()
         if self._schedule_missing(retry_failures=retry_failures, force=force):
             triggers.append(Trigger.REWATCHED)
+        if self._naming_due:  # the look before READY names them on an idle host too
+            name_watchdog_threads()
         return triggers
 
     def health(self) -> WatchHealth:
@@ -400,8 +401,7 @@ class Watcher(lifecycle.StartStop):
                 log.info("daemon.watch_restored", path=str(watch.path))
             watch.failure = None
             added = True
-        if added:
-            name_watchdog_threads()
+        if added:  # its threads named at the next look or event
             self._naming_due = True
         return added
 
@@ -442,14 +442,16 @@ def _watchdog_role(thread: threading.Thread) -> str | None:
     return "hal0-inotify"  # reads the inotify fd, pairs a rename's two halves
 
 
-def name_watchdog_threads() -> None:
+def name_watchdog_threads() -> bool:
     """Name watchdog's threads (they run none of our code before their first event): one
     observer, per watched folder an emitter, and the inotify reader with (7.1.1 and later) the
-    dispatcher it starts itself."""
+    dispatcher it starts itself. False when one was still starting (it is named next time)."""
+    settled = True
     for thread in threading.enumerate():
         role = _watchdog_role(thread)
         if role is not None and not thread.name.startswith("hal0-"):
-            threadname.name_other(thread, role)
+            settled &= threadname.name_other(thread, role) or thread.is_alive()
+    return settled
 
 
 def nearest_watch(path: Path) -> tuple[Path, str, bool]:
