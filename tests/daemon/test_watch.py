@@ -298,3 +298,17 @@ def test_once_every_thread_is_named_events_look_no_more(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_watch_added_later_has_its_threads_named_at_once(
+    tree: Path, watching: tuple[Watcher, Keys]
+) -> None:
+    """The threads a new watch starts with it (its emitter; before watchdog 3, the emitter's
+    own inotify reader too) are named as it is added: no event or look needed."""
+    watcher, _ = watching
+    (tree / "aiter").mkdir()
+    before = {t.ident for t in threading.enumerate()}
+    watcher.set_aiter_dirs([tree / "aiter"])
+    names = {(t.name, _comm(t)) for t in threading.enumerate() if t.ident not in before}
+    assert ("hal0-watch", "hal0-watch") in names
+    assert names <= {("hal0-watch", "hal0-watch"), ("hal0-inotify", "hal0-inotify")}

@@ -186,10 +186,12 @@ class Watcher(lifecycle.StartStop):
         self._handler_failed = threading.Event()  # a handler raised: its observer is ending
         self._overflow_handler = _OverflowHandler(self._on_overflow)
         self._stopping = False
-        # watchdog's threads (some start just after a watch is added) are named at each
-        # main-loop look and at the next event, on the observer thread: an event has passed
-        # through every one of them, so the looking ends there
-        self._naming_due = False
+        # watchdog's threads are named when a watch is added; some start just after, so they
+        # are looked for again at each main-loop look and at the next event (on the observer
+        # thread): an event has passed through every one, so the looking ends there. Counted,
+        # not flagged: a watch added while an event looks is looked for again (one writer each)
+        self._watches_added = 0  # main thread
+        self._watches_named = 0  # observer thread: the count when every thread was running
         self._watches: list[_Watch] = [
             # watchdog adds "the folder was modified" to each file created, written or renamed
             # in it: for the slots folder that says nothing its files' own events do not
@@ -231,8 +233,9 @@ class Watcher(lifecycle.StartStop):
         self._enqueue_complete_raw(keys)
 
     def _name_late_threads(self) -> None:
-        if self._naming_due:
-            self._naming_due = not name_watchdog_threads()
+        added = self._watches_added
+        if added != self._watches_named and name_watchdog_threads():
+            self._watches_named = added
 
     def _on_handler_failure(self) -> None:
         self._handler_failed.set()
@@ -353,7 +356,7 @@ class Watcher(lifecycle.StartStop):
         self._keys.folder_changed.clear()
         if self._schedule_missing(retry_failures=retry_failures, force=force):
             triggers.append(Trigger.REWATCHED)
-        if self._naming_due:  # the look before READY names them on an idle host too
+        if self._watches_added != self._watches_named:  # the look before READY among them
             name_watchdog_threads()
         return triggers
 
@@ -401,8 +404,9 @@ class Watcher(lifecycle.StartStop):
                 log.info("daemon.watch_restored", path=str(watch.path))
             watch.failure = None
             added = True
-        if added:  # its threads named at the next look or event
-            self._naming_due = True
+        if added:
+            self._watches_added += 1
+            name_watchdog_threads()
         return added
 
     def _failed(self, watch: _Watch, exc: OSError) -> None:
