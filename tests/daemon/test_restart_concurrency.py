@@ -98,7 +98,8 @@ def test_a_stop_during_two_restarts_keeps_both_and_the_next_start_confirms_both(
     tmp_path: Path,
 ) -> None:
     """Two restarts in progress when the restarter stops: both are in the in-flight file; the
-    next start asks hal0 about each (both came up) and confirms both without restarting."""
+    next start says it confirms each, asks hal0 about each (both came up) and confirms both
+    without restarting."""
     with Hal0Api() as api:
         for name in ("agent", "coder"):
             api.slot(name, restart_for=2.0)
@@ -114,13 +115,15 @@ def test_a_stop_during_two_restarts_keeps_both_and_the_next_start_confirms_both(
             timeout=20,
             what="hal0 done",
         )
-        with units.Restarter(settings) as again:
+        with capture_logs() as logs, units.Restarter(settings) as again:
             wait_until(
                 lambda: again.results[units.RestartResult.RESTARTED] == 2,
                 timeout=20,
                 what="both confirmed",
             )
         assert 2 == len(api.requests), "restarted again instead of confirmed"
+        said = sorted(e["slot"] for e in logs if e["event"] == "unit.restart_to_confirm")
+        assert ["agent", "coder"] == said, "the start did not say what it confirms"
         assert not path.exists()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,9 @@ def test_restart_times_older_than_the_interval_are_forgotten_and_recent_ones_kep
             restarter.submit(_request("x"))
             wait_until(lambda: len(api.requests) == 21, timeout=20, what="x's restart")
             assert ["x"] == list(restarter._last)
+            # x's restart ended: stopped in flight, the next restarter would confirm it (and
+            # count it against x's interval)
+            wait_until(lambda: restarter.busy_for() == 0.0, timeout=20, what="x's restart ended")
         with units.Restarter(_settings(tmp_path, systemctl, api, 60)) as restarter:
             restarter.submit(_request("agent"))
             wait_until(lambda: len(api.requests) == 22, timeout=20, what="agent's restart")
@@ -388,3 +392,98 @@ def test_a_turn_moved_later_while_the_restarter_is_busy_is_not_taken_early(
             wait_until(lambda: len(api.requests) == 3, timeout=20, what="agent's later turn")
             assert time.monotonic() - start >= 3.0, "agent taken at its old turn"
     assert ["agent", "other", "agent"] == _restarted(api)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_the_restarter_is_alive_while_its_workers_are_being_started(
+    tmp_path: Path, concurrency: int
+) -> None:
+    """The first request starts the workers: while they are being started, the main loop's
+    health look (from another thread) finds the restarter alive, not "the restarter thread
+    died" (a moment's unhealthy, WATCHDOG paused, an error in the journal)."""
+    systemctl = _active(tmp_path, ["agent"])
+    with Hal0Api() as api:
+        settings = settings_mod.load(
+            None,
+            {**_overrides(tmp_path, systemctl, api), "restart_concurrency": str(concurrency)},
+        )
+        restarter = units.Restarter(settings)
+        seen: list[bool] = []
+        for thread in restarter._threads:
+            start = thread.start
+
+            def looked_at_then_started(start: Callable[[], None] = start) -> None:
+                seen.append(restarter.is_alive())
+                start()
+
+            thread.start = looked_at_then_started  # type: ignore[method-assign]
+        restarter.start()
+        try:
+            restarter.submit(_request("agent"))
+            wait_until(lambda: api.requests, timeout=20, what="the restart")
+            assert [True] * concurrency == seen
+            assert restarter.is_alive()
+        finally:
+            restarter.stop()
+
+
+def test_requests_while_the_workers_are_being_started_start_each_once(tmp_path: Path) -> None:
+    """A second request that comes while the first one is still starting the workers starts
+    none of them again (a thread started twice raises in the caller: a relabel's restart lost)."""
+    systemctl = _active(tmp_path, ["agent", "coder"])
+    with Hal0Api() as api:
+        settings = settings_mod.load(
+            None, {**_overrides(tmp_path, systemctl, api), "restart_concurrency": "2"}
+        )
+        restarter = units.Restarter(settings)
+        first = restarter._threads[0]
+        start = first.start
+        starting = threading.Event()
+        go_on = threading.Event()
+
+        def slow_start() -> None:
+            starting.set()
+            go_on.wait(10)
+            start()
+
+        first.start = slow_start  # type: ignore[method-assign]
+        restarter.start()
+        failures: list[BaseException] = []
+
+        def submit_first() -> None:
+            try:
+                restarter.submit(_request("agent"))
+            except BaseException as error:
+                failures.append(error)
+
+        submitter = threading.Thread(target=submit_first, daemon=True)
+        submitter.start()
+        try:
+            assert starting.wait(10), "the first request did not start the workers"
+            restarter.submit(_request("coder"))  # while the first worker is starting
+            go_on.set()
+            submitter.join(10)
+            assert not submitter.is_alive()
+            assert [] == failures
+            wait_until(lambda: len(api.requests) == 2, timeout=20, what="both restarts")
+            assert restarter.is_alive()
+        finally:
+            go_on.set()
+            restarter.stop()
+
+
+def test_a_restarter_whose_worker_ended_is_not_alive(tmp_path: Path) -> None:
+    """Once its workers run, one that ends (here: told to stop by its queue alone) makes the
+    restarter not alive: the daemon's health says "the restarter thread died"."""
+    systemctl = _active(tmp_path, ["agent"])
+    with Hal0Api() as api:
+        restarter = units.Restarter(_settings(tmp_path, systemctl, api, 0))
+        restarter._next_due = lambda _worker: units._Stop.TOKEN  # type: ignore[method-assign]
+        restarter.start()
+        try:
+            assert restarter.is_alive()  # nothing asked yet: no worker, nothing died
+            restarter.submit(_request("agent"))
+            wait_until(lambda: not restarter._threads[0].is_alive(), timeout=20, what="the end")
+            assert not restarter.is_alive()
+        finally:
+            restarter.stop()

@@ -143,7 +143,8 @@ class Restarter(lifecycle.StartStop):
         self.revision = 0  # bumped when a restart waits, ends or fails (status shows it)
         self.on_change: Callable[[], None] | None = None  # told at each bump (the main loop)
         self._started = False  # start() was called
-        self._spawned = False  # the workers were started (at the first request)
+        self._spawning = False  # the workers are being started (at the first request), once
+        self._spawned = False  # every worker was started: from now on each must be alive
         self._threads = [
             threadname.NamedThread(
                 target=self._run,
@@ -248,13 +249,18 @@ class Restarter(lifecycle.StartStop):
             self._spawn()
 
     def _spawn(self) -> None:
-        """Start the workers, once (at the first request after ``start``)."""
+        """Start the workers, once (at the first request after ``start``). Until the last has
+        started, none is looked at by ``is_alive`` (one not started yet has not died); a start
+        that fails leaves the rest unstarted, and so not alive."""
         with self._cond:
-            if self._spawned or self._stop is not None:
+            if self._spawning or self._stop is not None:
                 return
+            self._spawning = True
+        try:
+            for thread in self._threads:
+                thread.start()
+        finally:
             self._spawned = True
-        for thread in self._threads:
-            thread.start()
 
     def stop(self, *, timeout: float = RESTARTER_STOP_WAIT) -> None:
         """Every worker's connection dropped (each restart in flight is written down), then
