@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
 
 from hal0_reconciler import reconcile
 from hal0_reconciler.daemon import memory, notify, statusjson
 from hal0_reconciler.daemon.workqueue import Special, WorkQueue
+from hal0_reconciler.host.restarts import label_check
 from hal0_reconciler.model import SlotKey
 from helpers.daemon_host import Host, drop_slot, running, wait_until
 
@@ -269,3 +272,38 @@ def test_only_the_very_outcomes_shown_make_a_pass_that_changed_nothing() -> None
     assert not bookkeeping.same_objects((a, list(b)), (a, b))  # equal, but made anew
     assert not bookkeeping.same_objects((a,), (a, b))  # stopped half-way
     assert not bookkeeping.same_objects((a, b), (a,))
+
+
+def test_a_pass_remembers_all_its_relabels_in_one_write(host: Host, notify_socket) -> None:
+    """The relabels of one pass are remembered as the daemon's own ("label not applied") in one
+    write of the memory, not one write per relabel (a burst of 1,000 saves paid 1,000 rewrites
+    of a growing file, each fsynced); every relabel is in it."""
+    settings = host.settings()
+    state = Path(settings.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    names = [f"s{n:02d}" for n in range(20)]
+    for name in names:
+        drop_slot(host.slots, name)  # all there before the start: one pass relabels them all
+    memory_file = state / label_check.MEMORY_FILE
+    writes: list[str] = []
+
+    class Count(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            dest = str(getattr(event, "dest_path", "") or "")
+            if event.event_type == "moved" and dest == str(memory_file):
+                writes.append(dest)
+
+    observer = Observer(timeout=0.1)
+    observer.schedule(Count(), str(state))
+    observer.start()
+    try:
+        with running(settings):
+            notify_socket.wait_for("READY=1")
+            wait_until(memory_file.exists, what="the memory written")
+            time.sleep(0.5)  # any later write would come with the next passes
+        remembered = json.loads(memory_file.read_text())["written"]
+    finally:
+        observer.stop()
+        observer.join(10)
+    assert dict.fromkeys(names, "gpu-rocm") == remembered
+    assert 1 == len(writes), writes

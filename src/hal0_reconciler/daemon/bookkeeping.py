@@ -123,6 +123,7 @@ class Bookkeeping:
         seen: dict[SlotKey, dict[str, Any]] = {}
         made = self.entries if not full else {}  # an unchanged file's outcome is the same object
         fresh = 0
+        restarts: list[tuple[str, str, str | None]] = []  # relabeled: (name, token, label)
         for o in report.outcomes:
             if o.status is statuses.GONE:
                 self.fights.forget(o.key)
@@ -140,7 +141,13 @@ class Bookkeeping:
             made[o.key] = (o, entry)
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
+                if o.name is not None and o.token is not None:
+                    restarts.append((o.name, o.token, o.verdict.new))
         self.entries = made
+        if restarts:  # remembered as ours (one write for the pass), then restarted
+            self._labels.note_all_relabeled((t, label) for _, t, label in restarts if label)
+            for name, token, _ in restarts:
+                self._restarter.submit(units.RestartRequest(name=name, token=token))
         return seen, fresh
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
@@ -160,9 +167,6 @@ class Bookkeeping:
                 action="another writer keeps reverting this slot: left alone until its file "
                 "changes otherwise or the daemon restarts",
             )
-        if o.name is not None and o.token is not None:
-            self._labels.note_relabeled(o.token, o.verdict.new)
-            self._restarter.submit(units.RestartRequest(name=o.name, token=o.token))
 
 
 def same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:

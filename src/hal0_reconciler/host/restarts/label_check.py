@@ -198,9 +198,18 @@ class AppliedMemory:
 
     def note_written(self, token: str, label: str) -> None:
         """This daemon wrote ``label`` and asked for the restart already."""
-        self._written[token] = label
-        self._restarted[token] = f"{label}|"
-        self._save()
+        self.note_all_written([(token, label)])
+
+    def note_all_written(self, written: Iterable[tuple[str, str]]) -> None:
+        """``note_written`` for each ``(token, label)``, the memory saved once (a pass's relabels
+        together: one write of the memory, not one per relabel)."""
+        noted = False
+        for token, label in written:
+            self._written[token] = label
+            self._restarted[token] = f"{label}|"
+            noted = True
+        if noted:
+            self._save()
 
     def note_restarted(self, token: str, label: str, fingerprint: str | None) -> None:
         self._restarted[token] = f"{label}|{fingerprint or ''}"
