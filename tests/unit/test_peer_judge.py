@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
+from pathlib import Path
 
 import pytest
 
+from hal0_reconciler import boundedread
 from hal0_reconciler.host.restarts import peer
 
 OK = frozenset({0, 990})
@@ -102,3 +105,31 @@ def test_the_proc_tables_hex_addresses() -> None:
     )
     mapped = "0000000000000000FFFF00000100007F:0050"
     assert (ipaddress.ip_address("127.0.0.1"), 80) == peer._address(mapped)
+
+
+def test_the_sock_diag_request_carries_sixteen_byte_addresses() -> None:
+    """inet_diag_sockid holds each address in 16 bytes, whatever the family: an IPv4 address is
+    zero-padded, an IPv4 one asked about over IPv6 is v4-mapped (a request of another size is
+    refused by the kernel, and the look-up falls back to /proc alone)."""
+    v4 = ipaddress.IPv4Address("127.0.0.1")
+    assert v4.packed + b"\0" * 12 == peer._packed(v4, socket.AF_INET)
+    mapped = peer._packed(v4, socket.AF_INET6)
+    assert b"\0" * 10 + b"\xff\xff" + v4.packed == mapped
+    v6 = ipaddress.IPv6Address("::1")
+    assert v6.packed == peer._packed(v6, socket.AF_INET6)
+
+
+def test_a_proc_table_over_32_mib_is_refused_and_one_at_the_cap_is_read(tmp_path: Path) -> None:
+    """/proc/net/tcp is read capped at 32 MiB (a host with a quarter of a million sockets):
+    one byte over is refused, never read whole; a table of exactly the cap is read."""
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname(), timeout=5) as sock:
+        header = "  sl  local_address rem_address   st\n"
+        for size, refused in ((32 << 20, False), ((32 << 20) + 1, True)):
+            (tmp_path / "tcp").write_text(header + " " * (size - len(header) - 1) + "\n")
+            if refused:
+                with pytest.raises(boundedread.ReadRefused):
+                    peer.tables(sock, proc_net=tmp_path, netlink=False)
+            else:
+                (answer,) = peer.tables(sock, proc_net=tmp_path, netlink=False)
+                assert answer.peer is None
