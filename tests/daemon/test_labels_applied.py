@@ -366,7 +366,7 @@ def test_a_finished_restart_a_noted_label_and_a_reload_each_make_the_next_full_l
         for step in ("first", "same", "restart", "noted", "reload"):
             restarts = 1 if step in ("restart", "noted", "reload") else 0
             if step == "noted":
-                watch.note_relabeled("agent", "gpu-rocm")
+                watch.note_relabeled([("agent", "gpu-rocm")])
             if step == "reload":
                 watch.update_settings(settings)
             watch.check(report, engine.hal0_facts, full=True, restarts=restarts)

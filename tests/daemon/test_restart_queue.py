@@ -394,6 +394,14 @@ def test_a_turn_moved_later_while_the_restarter_is_busy_is_not_taken_early(
     assert ["agent", "other", "agent"] == _restarted(api)
 
 
+def _workers(
+    tmp_path: Path, systemctl: FakeSystemctl, api: Hal0Api, n: int
+) -> settings_mod.Settings:
+    """Settings with ``n`` restart workers."""
+    overrides = {**_overrides(tmp_path, systemctl, api), "restart_concurrency": str(n)}
+    return settings_mod.load(None, overrides)
+
+
 @pytest.mark.parametrize("concurrency", [1, 2])
 def test_the_restarter_is_alive_while_its_workers_are_being_started(
     tmp_path: Path, concurrency: int
@@ -403,11 +411,7 @@ def test_the_restarter_is_alive_while_its_workers_are_being_started(
     died" (a moment's unhealthy, WATCHDOG paused, an error in the journal)."""
     systemctl = _active(tmp_path, ["agent"])
     with Hal0Api() as api:
-        settings = settings_mod.load(
-            None,
-            {**_overrides(tmp_path, systemctl, api), "restart_concurrency": str(concurrency)},
-        )
-        restarter = units.Restarter(settings)
+        restarter = units.Restarter(_workers(tmp_path, systemctl, api, concurrency))
         seen: list[bool] = []
         for thread in restarter._threads:
             start = thread.start
@@ -432,10 +436,7 @@ def test_requests_while_the_workers_are_being_started_start_each_once(tmp_path: 
     none of them again (a thread started twice raises in the caller: a relabel's restart lost)."""
     systemctl = _active(tmp_path, ["agent", "coder"])
     with Hal0Api() as api:
-        settings = settings_mod.load(
-            None, {**_overrides(tmp_path, systemctl, api), "restart_concurrency": "2"}
-        )
-        restarter = units.Restarter(settings)
+        restarter = units.Restarter(_workers(tmp_path, systemctl, api, 2))
         first = restarter._threads[0]
         start = first.start
         starting = threading.Event()

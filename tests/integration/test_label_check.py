@@ -63,7 +63,7 @@ def test_the_memory_of_restarts_survives_and_forgets_slots_that_are_gone(tmp_pat
     path = tmp_path / "state" / label_check.MEMORY_FILE
     memory = label_check.AppliedMemory(path)
     memory.note_restarted("agent", "cpu", "abc")
-    memory.note_written("coder", "gpu-rocm")
+    memory.note_written([("coder", "gpu-rocm")])
     again = label_check.AppliedMemory(path)
     assert (True, False) == (again.tried("agent", "cpu", "abc"), again.tried("agent", "cpu", "x"))
     assert (True, True) == (again.ours("coder", "gpu-rocm"), again.tried("coder", "gpu-rocm", "f"))

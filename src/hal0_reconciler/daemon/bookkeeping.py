@@ -75,6 +75,7 @@ class Bookkeeping:
         fresh = 0
         if not same:
             seen, fresh = self._status_entries(report, full=full, before=before)
+            self._restart(relabeled)
             self._note_write_failures(report)
         now_wall = time.time()
         with self.lock:
@@ -118,12 +119,11 @@ class Bookkeeping:
         self, report: reconcile.PassReport, *, full: bool, before: dict[SlotKey, str | None]
     ) -> tuple[dict[SlotKey, dict[str, Any]], int]:
         """Each outcome's status entry (the same object for the same outcome as last time), and
-        how many outcomes are new; a relabel goes to the fight detector and the restarter."""
+        how many outcomes are new; a relabel goes to the fight detector."""
         statuses = reconcile.OutcomeStatus
         seen: dict[SlotKey, dict[str, Any]] = {}
         made = self.entries if not full else {}  # an unchanged file's outcome is the same object
         fresh = 0
-        restarts: list[tuple[str, str, str | None]] = []  # relabeled: (name, token, label)
         for o in report.outcomes:
             if o.status is statuses.GONE:
                 self.fights.forget(o.key)
@@ -141,14 +141,23 @@ class Bookkeeping:
             made[o.key] = (o, entry)
             if o.status is statuses.RELABELED and o.verdict is not None:
                 self._relabeled(o, before.get(o.key))
-                if o.name is not None and o.token is not None:
-                    restarts.append((o.name, o.token, o.verdict.new))
         self.entries = made
-        if restarts:  # remembered as ours (one write for the pass), then restarted
-            self._labels.note_all_relabeled((t, label) for _, t, label in restarts if label)
-            for name, token, _ in restarts:
-                self._restarter.submit(units.RestartRequest(name=name, token=token))
         return seen, fresh
+
+    def _restart(self, relabeled: tuple[reconcile.Outcome, ...]) -> None:
+        """The pass's relabels remembered as this daemon's own (one write of the memory for the
+        pass), then their restarts asked for."""
+        noted: list[tuple[str, str]] = []
+        requests: list[units.RestartRequest] = []
+        for o in relabeled:
+            if o.verdict is None or o.name is None or o.token is None:
+                continue
+            if o.verdict.new is not None:
+                noted.append((o.token, o.verdict.new))
+            requests.append(units.RestartRequest(name=o.name, token=o.token))
+        self._labels.note_relabeled(noted)
+        for request in requests:
+            self._restarter.submit(request)
 
     def _relabeled(self, o: reconcile.Outcome, before: str | None) -> None:
         assert o.verdict is not None  # noqa: S101 - checked by the caller

@@ -147,14 +147,10 @@ class LabelWatch:
         self._settings = settings
         self._last = None  # hands_off, the Quadlet folder, apply_others_labels may differ
 
-    def note_relabeled(self, token: str | None, label: str | None) -> None:
-        """This daemon wrote ``label`` and asks for the restart (not asked again)."""
-        if token is not None and label is not None:
-            self._memory.note_written(token, label)
-
-    def note_all_relabeled(self, relabeled: Iterable[tuple[str, str]]) -> None:
-        """``note_relabeled`` for each ``(token, label)`` of a pass, remembered in one write."""
-        self._memory.note_all_written(relabeled)
+    def note_relabeled(self, relabeled: Iterable[tuple[str, str]]) -> None:
+        """This daemon wrote each ``(token, label)`` and asks for its restart (not asked again):
+        a pass's relabels, remembered in one write."""
+        self._memory.note_written(relabeled)
 
     def check(
         self,

@@ -196,13 +196,9 @@ class AppliedMemory:
             return True
         return made == f"{label}|{fingerprint}"
 
-    def note_written(self, token: str, label: str) -> None:
-        """This daemon wrote ``label`` and asked for the restart already."""
-        self.note_all_written([(token, label)])
-
-    def note_all_written(self, written: Iterable[tuple[str, str]]) -> None:
-        """``note_written`` for each ``(token, label)``, the memory saved once (a pass's relabels
-        together: one write of the memory, not one per relabel)."""
+    def note_written(self, written: Iterable[tuple[str, str]]) -> None:
+        """This daemon wrote each ``(token, label)`` and asked for its restart already; the
+        memory is saved once for them all (a pass's relabels: one write, not one per relabel)."""
         noted = False
         for token, label in written:
             self._written[token] = label
