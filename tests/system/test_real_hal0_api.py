@@ -205,6 +205,23 @@ def _api(box: nspawn.Container, method: str, path: str) -> tuple[int, object]:
     return int(status), json.loads(body or "null")
 
 
+def _serving(box: nspawn.Container, name: str, port: int) -> None:
+    """Start the slot's unit and wait for its model server's own ``/health``. hal0 adopts an
+    active unit whose ``/health`` refuses as ``warming`` and never promotes it by polling, so a
+    slot asked about between its start and its listen would stay warming: a running slot hal0
+    adopts is one already serving."""
+    box.run(f"systemctl start hal0-slot@{name}")
+    code = (
+        "import urllib.request as u\n"
+        f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\n"
+    )
+    wait_until(
+        f"hal0-slot@{name} answering /health",
+        lambda: box.run(f"python3 -c {shlex.quote(code)}", check=False, timeout=30).returncode == 0,
+        30,
+    )
+
+
 def _hal0_up(box: nspawn.Container) -> None:
     box.run("systemctl reset-failed hal0-api; systemctl restart hal0-api")
     wait_until(
@@ -229,7 +246,7 @@ def test_a_relabelled_slot_is_restarted_through_the_real_hal0_api(real_box) -> N
     the reconciler."""
     box = real_box
     box.write(f"{SLOTS}/chat.toml", _slot("chat", 8090))
-    box.run("systemctl start hal0-slot@chat")
+    _serving(box, "chat", 8090)
     _hal0_up(box)
     health = _api(box, "GET", "/api/health")[1]
     assert {"status": "ok", "name": "hal0", "version": box.release} == health
@@ -268,7 +285,7 @@ def test_a_busy_slot_waits_for_hal0s_counters_to_say_idle(real_box) -> None:
     box = real_box
     box.run("mkdir -p /run/fake-model/busy && touch /run/fake-model/busy/voice")
     box.write(f"{SLOTS}/voice.toml", _slot("voice", 8091))
-    box.run("systemctl start hal0-slot@voice")
+    _serving(box, "voice", 8091)
     wait_until("hal0 adopting voice", lambda: _state(box, "voice") == "ready", 30)
     configure(box, amd_settings(**FAST))
     box.write(f"{SLOTS}/voice.toml", _slot("voice", 8091, pin=NOT_CAPABLE))
