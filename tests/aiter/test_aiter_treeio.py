@@ -9,12 +9,14 @@ import pwd
 import shutil
 import signal
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-from hal0_reconciler import boundedread
+from hal0_reconciler import boundedread, held_signals
 from hal0_reconciler.aiter.trees import fs as treefs
 from hal0_reconciler.aiter.trees import owner as treeowner
 from hal0_reconciler.aiter.trees import owner_io as treeio
@@ -149,6 +151,47 @@ def test_a_child_that_does_not_answer_is_killed_and_the_tree_fails(
         io.lstat(jit)
     assert not io._server.alive()
     assert "did not answer in 1.0s" in str(io.dead)
+
+
+def _blocked(pid: int) -> int:
+    """The signal mask a process blocks (``SigBlk`` of its ``/proc`` status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"/proc/{pid}/status has no SigBlk")
+
+
+def test_a_child_started_while_the_stop_signals_are_held_ends_at_a_sigterm(
+    open_tmp: Path, owner: tuple[str, int, int]
+) -> None:
+    """The daemon holds SIGTERM, SIGHUP and SIGINT from its first instant until its handlers are
+    in place; a child started from a thread that still holds them inherits the mask through exec.
+    The owner's child clears it, so systemd's SIGTERM at a stop ends it at once (not the stop
+    timeout's SIGKILL)."""
+    started: list[tuple[Path, treeio.TreeIO]] = []
+
+    def start() -> None:
+        held_signals.hold()  # this thread's mask only, as a thread started before READY
+        started.append(_tree(open_tmp, owner))
+
+    starter = threading.Thread(target=start, name="held-signals")
+    starter.start()
+    starter.join(30)
+    assert not starter.is_alive()
+    assert started, "the tree was not opened"
+    _, io = started[0]
+    try:
+        assert isinstance(io, treeio.ChildTree)
+        assert io._server is not None
+        held = sum(1 << (s - 1) for s in held_signals.HELD)
+        assert 0 == _blocked(io._server.pid) & held
+        os.kill(io._server.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while io._server.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not io._server.alive(), "the child held SIGTERM"
+    finally:
+        io.close()
 
 
 def test_a_dead_child_is_an_error_for_the_tree_never_a_hang(
