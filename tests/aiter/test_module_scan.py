@@ -8,6 +8,7 @@ not read; the check's deadline stops a read between chunks.
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import threading
 import time
@@ -80,6 +81,52 @@ def test_an_empty_module_registers_nothing(tmp_path: Path) -> None:
     (tmp_path / "m.so").write_bytes(b"")
     got = _scan(tmp_path / "m.so", {NAME}, max_bytes=10)
     assert (modulescan.Outcome.SCANNED, frozenset()) == (got.outcome, got.found)
+
+
+def test_a_module_is_read_in_preads_of_4_mib_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented bound of the reader's memory: every read is one ``pread`` of at most
+    4 MiB (a 9 MiB module without the name: read through, 4 + 4 + 1 MiB)."""
+    path = _module(tmp_path / "m.so", size=9 << 20)
+    real = os.pread
+    sizes: list[int] = []
+
+    def spy(fd: int, length: int, offset: int) -> bytes:
+        sizes.append(length)
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(modulescan.os, "pread", spy)
+    got = _scan(path, {"not_in_it"}, max_bytes=1 << 30)
+    assert modulescan.Outcome.SCANNED is got.outcome
+    assert [4 << 20, 4 << 20, 1 << 20] == sizes
+
+
+def test_a_hole_is_looked_for_as_the_kernel_answers(tmp_path: Path) -> None:
+    """``SEEK_HOLE``'s answers, from the kernel: a file emptied after its size was taken
+    (ENXIO) and a file of a filesystem that cannot say (procfs: EINVAL) have no hole; a
+    descriptor that cannot seek (a pipe: ESPIPE) is an error, not "no hole"."""
+    path = _module(tmp_path / "m.so", size=8192)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.truncate(path, 0)
+        assert modulescan.has_hole(fd, size) is False
+    finally:
+        os.close(fd)
+    fd = os.open("/proc/self/status", os.O_RDONLY)
+    try:
+        assert modulescan.has_hole(fd, 4096) is False
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError) as caught:
+            modulescan.has_hole(r, 4096)
+        assert errno.ESPIPE == caught.value.errno
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_a_truncation_between_chunks_is_a_short_read(
