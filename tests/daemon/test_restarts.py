@@ -138,3 +138,23 @@ def test_the_slot_name_is_quoted_in_the_api_path(host: Host) -> None:
             host.settings(api_url=api.url), units.RestartRequest(name="a b/c", token="t")
         )
     assert [("POST", "/api/slots/a%20b%2Fc/restart", None)] == api.requests
+
+
+def test_a_slot_hal0_could_not_run_is_relabelled_but_never_restarted(
+    host: Host, notify_socket
+) -> None:
+    """A name that breaks hal0's pattern has no unit hal0 could run: the file is relabelled, its
+    name goes to neither systemctl nor the API; the next slot's restart goes on."""
+    host.systemctl.set_states({UNIT: "active", "hal0-slot@Agent.service": "active"})
+    env = host.root / "etc/hal0/api.env"
+    env.parent.mkdir(parents=True, exist_ok=True)
+    env.write_text("HAL0_ADMIN_KEY=s3cret\n")
+    with Hal0Api(key="s3cret") as api, running(host.settings(api_url=api.url)):
+        notify_socket.wait_for("READY=1")
+        bad = drop_slot(host.slots, "Agent", port=8082)
+        wait_until(lambda: device_of(bad) == "gpu-rocm", what="the relabel")
+        drop_slot(host.slots, "agent")
+        wait_until(lambda: api.requests, what="the next slot's restart")
+    assert [("POST", "/api/slots/agent/restart", "Bearer s3cret")] == api.requests
+    named = {a for call in host.systemctl.calls() for a in call[1:] if a.startswith("hal0-slot@")}
+    assert {UNIT} == named, "no unit is named for the slot hal0 could not run"
