@@ -332,6 +332,8 @@ def test_the_loop_closes_every_descriptor_it_sends(served: socket.socket, root: 
     before = _into(root)
     for _ in range(3):
         assert "stat" in _ask(served, {"op": "open", "root": 0, "path": "m.so"})
+    # the loop closes its copy after sending it: the next answer says it is past that
+    assert "refused" in _ask(served, {"op": "nothing", "root": 0, "path": "m.so"})
     assert before == _into(root)
 
 
