@@ -127,6 +127,11 @@ def test_a_runner_entry_not_understood_is_left_out_and_named() -> None:
     assert 1 == len(table.problems)
     assert "RUNNER_IMAGES['b']" in table.problems[0]
     assert "call `pick()`" in table.problems[0]
+    keyed = hal0_code.runners(
+        'RUNNER_IMAGES = {"c": Runner("c", "i:1", manifest_key=k())}\n', imported={}
+    )
+    assert ({}, 1) == (keyed.images, len(keyed.problems))
+    assert "RUNNER_IMAGES['c']: its manifest key is call `k()`" in keyed.problems[0]
 
 
 @pytest.mark.parametrize(
@@ -139,6 +144,37 @@ def test_a_runner_entry_not_understood_is_left_out_and_named() -> None:
 def test_a_runner_table_not_understood_raises(text: str, message: str) -> None:
     with pytest.raises(hal0_code.Hal0CodeError, match=message):
         hal0_code.runners(text, imported={})
+
+
+def test_runner_backends_by_keyword_by_position_or_the_default() -> None:
+    """1.4+: ``supported_backends`` as a keyword or the sixth argument; absent, the dataclass
+    default (backend-agnostic): an empty tuple, not nothing."""
+    text = (
+        "RUNNER_IMAGES = {\n"
+        '    "standard": Runner("standard", "fam", (), "gpu", "b", ("vulkan", "rocm")),\n'
+        '    "cpu": Runner("cpu", supported_backends=["cpu"]),\n'
+        '    "npu": Runner("npu"),\n'
+        "}\n"
+    )
+    assert {"standard": ("vulkan", "rocm"), "cpu": ("cpu",), "npu": ()} == (
+        hal0_code.runner_backends(text)
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "shown"),
+    [('"img:1"', "constant `'img:1'`"), ('kinds.Runner("a", "img:1")', "call `kinds.Runner(")],
+)
+def test_an_entry_that_is_not_a_runner_call_is_named(entry: str, shown: str) -> None:
+    """A value that is not a call of a plain name is not guessed at, in either table reader."""
+    text = f'RUNNER_IMAGES = {{"a": {entry}}}\n'
+    table = hal0_code.runners(text, imported={})
+    assert {} == table.images
+    assert 1 == len(table.problems)
+    assert shown in table.problems[0]
+    assert "not Runner(...)" in table.problems[0]
+    with pytest.raises(hal0_code.Hal0CodeError, match=r"RUNNER_IMAGES\['a'\] is .*not Runner"):
+        hal0_code.runner_backends(text)
 
 
 IMAGE_REFS = st.text(

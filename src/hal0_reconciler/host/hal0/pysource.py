@@ -142,14 +142,34 @@ def runner_backends(text: str) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _backends(key: str, entry: ast.expr) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class _RunnerCall:
+    """One ``Runner(...)`` of the runner table, and where it stands (for messages)."""
+
+    where: str
+    call: ast.Call
+    keywords: Mapping[str, ast.expr]
+
+    def arg(self, name: str, position: int) -> ast.expr | None:
+        """The argument given by keyword, else at its position (None: not given)."""
+        node = self.keywords.get(name)
+        if node is None and len(self.call.args) > position:
+            node = self.call.args[position]
+        return node
+
+
+def _runner_call(key: str, entry: ast.expr) -> _RunnerCall:
     where = f"line {entry.lineno}: RUNNER_IMAGES[{key!r}]"
     if not (isinstance(entry, ast.Call) and isinstance(entry.func, ast.Name)):
         raise Hal0CodeError(f"{where} is {_shape(entry)}, not Runner(...)")
     keywords = {kw.arg: kw.value for kw in entry.keywords if kw.arg is not None}
-    node = keywords.get("supported_backends")
-    if node is None and len(entry.args) > _RUNNER_BACKENDS_ARG:
-        node = entry.args[_RUNNER_BACKENDS_ARG]
+    return _RunnerCall(where, entry, keywords)
+
+
+def _backends(key: str, entry: ast.expr) -> tuple[str, ...]:
+    runner = _runner_call(key, entry)
+    where = runner.where
+    node = runner.arg("supported_backends", _RUNNER_BACKENDS_ARG)
     if node is None:
         return ()  # the dataclass default: backend-agnostic
     if not isinstance(node, ast.Tuple | ast.List):
@@ -304,20 +324,14 @@ def _members(
 def _runner_entry(
     key: str, entry: ast.expr, known: Mapping[str, str | frozenset[str]]
 ) -> tuple[str, str | None]:
-    where = f"line {entry.lineno}: RUNNER_IMAGES[{key!r}]"
-    if not (isinstance(entry, ast.Call) and isinstance(entry.func, ast.Name)):
-        raise Hal0CodeError(f"{where} is {_shape(entry)}, not Runner(...)")
-    keywords = {kw.arg: kw.value for kw in entry.keywords if kw.arg is not None}
-    image_node = keywords.get("image")
-    if image_node is None and len(entry.args) > _RUNNER_IMAGE_ARG:
-        image_node = entry.args[_RUNNER_IMAGE_ARG]
+    runner = _runner_call(key, entry)
+    where = runner.where
+    image_node = runner.arg("image", _RUNNER_IMAGE_ARG)
     image = _string(image_node, known) if image_node is not None else None
     if image is None:
         found = _shape(image_node) if image_node is not None else "nothing"
         raise Hal0CodeError(f"{where}: its image is {found}, not a string")
-    manifest_node = keywords.get("manifest_key")
-    if manifest_node is None and len(entry.args) > _RUNNER_MANIFEST_ARG:
-        manifest_node = entry.args[_RUNNER_MANIFEST_ARG]
+    manifest_node = runner.arg("manifest_key", _RUNNER_MANIFEST_ARG)
     if manifest_node is None or (
         isinstance(manifest_node, ast.Constant) and manifest_node.value is None
     ):
