@@ -20,7 +20,7 @@ from hal0_reconciler import boundedread, held_signals
 from hal0_reconciler.aiter.trees import fs as treefs
 from hal0_reconciler.aiter.trees import owner as treeowner
 from hal0_reconciler.aiter.trees import owner_io as treeio
-from helpers import devnodes
+from helpers import devnodes, sigmask
 
 
 @pytest.fixture
@@ -153,14 +153,6 @@ def test_a_child_that_does_not_answer_is_killed_and_the_tree_fails(
     assert "did not answer in 1.0s" in str(io.dead)
 
 
-def _blocked(pid: int) -> int:
-    """The signal mask a process blocks (``SigBlk`` of its ``/proc`` status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigBlk:"):
-            return int(line.split()[1], 16)
-    raise AssertionError(f"/proc/{pid}/status has no SigBlk")
-
-
 def test_a_child_started_while_the_stop_signals_are_held_ends_at_a_sigterm(
     open_tmp: Path, owner: tuple[str, int, int]
 ) -> None:
@@ -183,8 +175,7 @@ def test_a_child_started_while_the_stop_signals_are_held_ends_at_a_sigterm(
     try:
         assert isinstance(io, treeio.ChildTree)
         assert io._server is not None
-        held = sum(1 << (s - 1) for s in held_signals.HELD)
-        assert 0 == _blocked(io._server.pid) & held
+        assert set() == sigmask.blocked(io._server.pid) & set(held_signals.HELD)
         os.kill(io._server.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while io._server.alive() and time.monotonic() < deadline:

@@ -7,8 +7,8 @@ import random
 import signal
 import subprocess
 import time
-from pathlib import Path
 
+from helpers import sigmask
 from helpers.daemon_host import Host, drop_slot
 from helpers.lock_holder import holding_lock
 from helpers.notify_socket import NotifySocket
@@ -38,11 +38,9 @@ def _held(pid: int, signum: int) -> bool:
     """Whether ``signum`` is blocked (held pending) by the process: our entry point's first act,
     long before the handlers are in place."""
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        return signum in sigmask.blocked(pid)
     except OSError:
         return False
-    masks = dict(line.split(":\t") for line in text.splitlines() if ":\t" in line)
-    return bool(int(masks["SigBlk"], 16) & (1 << (signum - 1)))
 
 
 def _wait_held(child: subprocess.Popen[bytes], signum: int) -> float:
