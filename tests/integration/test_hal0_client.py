@@ -410,3 +410,59 @@ def test_an_answer_that_closes_its_connection_is_followed_by_a_close(tmp_path: P
         assert {"n": 2} == client.get("/api/b").body
         client.close()
     assert (2, 2) == (len(seen), len(accepted))
+
+
+def test_a_connection_that_gave_no_answer_in_time_is_never_asked_again(tmp_path: Path) -> None:
+    """hal0 answers the first GET after the client's timeout: that connection is dropped, so the
+    late answer can never be read as the next call's; the next GET goes out on a new one."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(10)
+    accepted: list[socket.socket] = []
+
+    def answer(conn: socket.socket, n: int, delay: float) -> None:
+        with contextlib.suppress(OSError):
+            conn.settimeout(5)
+            while True:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                threading.Event().wait(delay)
+                text = b'{"n": %d}' % n
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(text), text)
+                )
+
+    def serve() -> None:
+        while len(accepted) < 2:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            late = 2.0 if len(accepted) == 1 else 0.0
+            threading.Thread(target=answer, args=(conn, len(accepted), late), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    port = srv.getsockname()[1]
+    try:
+        client = hal0_api.Hal0Client(
+            _settings(tmp_path, f"http://127.0.0.1:{port}", api_timeout="1")
+        )
+        with pytest.raises(hal0_api.ApiNoAnswer):
+            client.get("/api/health")
+        threading.Event().wait(1.5)  # the late answer has arrived on the first connection
+        assert {"n": 2} == client.get("/api/health").body
+        client.close()
+    finally:
+        srv.close()
+        for conn in accepted:
+            conn.close()
+        server.join(10)
+    assert 2 == len(accepted)
